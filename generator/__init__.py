@@ -1,0 +1,1 @@
+"""The spec generator: opdefs/*.yaml -> checked specs -> generated Python lowerings."""

@@ -1,0 +1,502 @@
+"""Typed specs: the TOSA catalogue and the aten op entries, parsed and checked.
+
+`load_catalogue` reads opdefs/tosa.yaml (the target ops); `load_opdefs` reads
+every other opdefs/*.yaml (one entry per aten overload) and checks each entry
+against torch's schema and against the catalogue. Every rule is compiled here,
+so a spec that loads is a spec that renders.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from lark import Tree
+
+from .rules import DTYPES, Compiler, Scope, compile_expr, compile_message, parse, py_name, strip_parens
+from .source import Located, SpecError, load_yaml
+
+# ---------------------------------------------------------------- helpers
+
+
+def _where(value: Any, fallback: Located) -> Located:
+    return value if isinstance(value, Located) else fallback
+
+
+def _expect(value: Any, kind: type | tuple[type, ...], what: str, at: Located) -> Any:
+    if not isinstance(value, kind):
+        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise _where(value, at).error(f"{what} must be a {names.replace('str', 'string').replace('dict', 'mapping')}")
+    return value
+
+
+def _check_keys(entry: dict, allowed: dict[str, str], name: Located) -> None:
+    for key in entry:
+        if key not in allowed:
+            valid = ", ".join(f"{k} ({v})" for k, v in allowed.items())
+            raise _where(key, name).error(f"unknown key {key!r} in {name}; valid keys: {valid}")
+
+
+def _rule(value: Any, what: str, at: Located) -> Located:
+    """A rule given as a YAML scalar (numbers and booleans are accepted as text)."""
+    if isinstance(value, bool | int | float) and not isinstance(value, Located):
+        return Located(str(value), at.file, at.line, at.col, at.source_line)
+    return _expect(value, str, what, at)
+
+
+# ---------------------------------------------------------------- TOSA catalogue
+
+ATTR_KINDS = ("i32", "i64", "f32", "bool", "i32_array", "i64_array", "type", "elem", "dense", "str")
+CATALOGUE_KEYS = {
+    "doc": "what the op computes",
+    "operands": "MLIR operands in order: a tensor name, '*name' (variadic), or 'name = expr' (implicit)",
+    "attrs": "attribute name: kind, or kind = default",
+    "params": "names the emit line passes that only the shape/dtype rules use",
+    "broadcast": "true: tensor operands are reshaped to equal rank first",
+    "i1": "operands (and 'out') that are i1 in MLIR while bool tensors live as i8",
+    "requires": "list of {rule: message} the lowering must satisfy",
+    "shape": "result shape rule",
+    "dtype": "result dtype rule",
+}
+
+
+@dataclass
+class TosaAttr:
+    name: str  # the MLIR attribute name
+    kind: str
+    default: str | None  # compiled Python source
+
+    @property
+    def py(self) -> str:
+        return py_name(self.name)
+
+
+@dataclass
+class TosaOp:
+    """One target op from opdefs/tosa.yaml."""
+
+    name: str  # e.g. "tosa.transpose"
+    where: str
+    doc: str
+    operands: list[str]  # tensor operands given by the emit line
+    variadic: bool
+    mlir_operands: list[tuple[str, str | None]]  # (name, implicit source or None)
+    attrs: list[TosaAttr]
+    params: list[tuple[str, str | None]]  # (name, default source or None)
+    broadcast: bool
+    i1: list[str]
+    requires: list[tuple[str, str, Located]]
+    shape: str
+    dtype: str
+
+    @property
+    def fn(self) -> str:
+        return self.name.replace(".", "_")
+
+    def keywords(self) -> dict[str, bool]:
+        """Names an emit line may pass in braces, mapped to whether they are required."""
+        out = {a.py: a.default is None for a in self.attrs}
+        out.update({p: d is None for p, d in self.params})
+        return out
+
+
+def _parse_binding(text: Located, scope: Scope, builders: bool = False) -> tuple[str, str]:
+    """`name = expr`: an implicit operand (with operand builders) or a default."""
+    tree = parse(text, "binding")
+    name, expr = tree.children
+    return str(name), strip_parens(Compiler(text, scope, builders).compile(expr))
+
+
+def load_catalogue(path: Path) -> dict[str, TosaOp]:
+    data = load_yaml(path)
+    top = Located("", str(path), 1, 1)
+    _expect(data, dict, "the TOSA catalogue", top)
+    ops: dict[str, TosaOp] = {}
+    for name, entry in data.items():
+        name = _expect(name, str, "an op name", top)
+        if not re.fullmatch(r"[a-z]+\.[a-z_0-9]+", name):
+            raise name.error("catalogue op names are dialect.op, e.g. tosa.add")
+        _expect(entry, dict, name, name)
+        _check_keys(entry, CATALOGUE_KEYS, name)
+        for key in ("operands", "shape", "dtype"):
+            if key not in entry:
+                raise name.error(f"{name} has no '{key}'")
+        declared = [_expect(item, str, "an operand", name) for item in
+                    _expect(entry["operands"], list, "operands", name)]
+        scope = Scope({})
+        tensors: list[str] = []
+        for item in declared:
+            if "=" not in item:
+                plain = item.lstrip("*")
+                if not plain.isidentifier():
+                    raise item.error("an operand is a name, '*name' or 'name = expr'")
+                tensors.append(py_name(plain))
+                scope.names[plain] = "tensors" if item.startswith("*") else "tensor"
+        params = []
+        for item in _expect(entry.get("params", []), list, "params", name):
+            item = _expect(item, str, "a param", name)
+            pname, default = _parse_binding(item, scope) if "=" in item else (str(item).strip(), None)
+            scope.names[pname] = "value"
+            params.append((py_name(pname), default))
+        attrs = []
+        for attr, spec in _expect(entry.get("attrs", {}), dict, "attrs", name).items():
+            spec = _expect(spec, str, "an attribute kind", attr)
+            kind, default = (_parse_binding(spec, scope) if "=" in spec else (spec.strip(), None))
+            if kind not in ATTR_KINDS:
+                raise spec.error(f"unknown attribute kind {kind!r}; kinds: {', '.join(ATTR_KINDS)}")
+            attrs.append(TosaAttr(str(attr), kind, default))
+        scope.names.update({a.name: "value" for a in attrs})
+        # implicit operands see every explicit operand, param and attribute
+        mlir_operands = [_parse_binding(item, scope, builders=True) if "=" in item else (py_name(item.lstrip("*")), None)
+                         for item in declared]
+        i1 = [x if x == "out" else py_name(x) for x in map(str, entry.get("i1", []))]
+        for x in i1:
+            if x != "out" and x not in tensors:
+                raise _where(x, name).error(f"i1 names an operand or 'out', not {x!r}")
+        requires = [(compile_expr(rule, scope), compile_message(msg, scope), rule)
+                    for rule, msg in _rule_map_list(entry.get("requires", []), name)]
+        ops[str(name)] = TosaOp(
+            name=str(name), where=name.where, doc=str(entry.get("doc", "")), operands=tensors,
+            variadic=any(item.startswith("*") for item in declared), mlir_operands=mlir_operands, attrs=attrs, params=params,
+            broadcast=bool(entry.get("broadcast", False)), i1=i1, requires=requires,
+            shape=compile_expr(_rule(entry["shape"], "shape", name), scope),
+            dtype=compile_expr(_rule(entry["dtype"], "dtype", name), scope))
+    return ops
+
+
+def _rule_map_list(value: Any, at: Located) -> list[tuple[Located, Located]]:
+    """`requires`/`limits`: a list of one-key mappings {rule: message}."""
+    out = []
+    for item in _expect(value, list, "requires/limits", at):
+        if not isinstance(item, dict) or len(item) != 1:
+            raise _where(item, at).error('each check is a one-key mapping: - "rule": "message"')
+        (rule, msg), = item.items()
+        out.append((_rule(rule, "a check", at), _expect(msg, str, "a message", _where(rule, at))))
+    return out
+
+
+# ---------------------------------------------------------------- aten op entries
+
+OPDEF_KEYS = {
+    "schema": "the aten schema, as torch prints it without 'aten::'",
+    "doc": "a note for readers",
+    "registry": "'tosa' (default) or a fallback registry name",
+    "let": "mapping name: rule, evaluated in order",
+    "requires": "list of {rule: message}: inputs torch rejects too (InvalidInput)",
+    "limits": "list of {rule: message}: valid inputs not lowered (Unsupported)",
+    "shape": "result shape rule (single result)",
+    "dtype": "result dtype rule (single result)",
+    "returns": "mapping result name: {shape, dtype} for several results",
+    "emit": "lowering lines: name = dialect.op(operands) {attrs} if guard",
+    "samples": "list of argument mappings for tests",
+    "sample_dtypes": "dtypes that replace 'T' in sample tensors (default [f32])",
+    "tolerance": "{rtol, atol} for the numeric tests",
+}
+SAMPLE_KEYS = ("raises", "unsupported", "range", "tolerance")
+TENSOR_RE = re.compile(r"(?P<dtype>\w+)\[(?P<dims>[\d,\s]*)\]")
+
+
+@dataclass
+class Arg:
+    name: str  # as in the schema
+    py: str  # Python identifier in generated code
+    type: str  # as torch prints it, e.g. "Tensor", "int[]", "Scalar?"
+    kind: str  # rule scope kind: tensor, tensors, scalar
+    default: Any  # the schema default as a Python value, or REQUIRED
+    annotation: str
+
+
+REQUIRED = object()
+
+
+@dataclass
+class Check:
+    rule: str
+    message: str
+    where: str
+
+
+@dataclass
+class Line:
+    """One compiled emit line."""
+
+    target: str
+    op: TosaOp
+    args: list[str]  # Python source of operands (with '*' for variadic)
+    kwargs: list[tuple[str, str]]
+    guard: str | None
+    first: str  # first operand source, the value of a guarded line that does not run
+    where: str
+    text: str
+
+
+@dataclass
+class Result:
+    name: str
+    shape: str
+    dtype: str
+
+
+@dataclass
+class Sample:
+    args: dict[str, Any]
+    raises: str | None
+    unsupported: str | None
+    where: str
+    dtype: str | None  # the dtype substituted for T, if any
+    range: tuple[float, float] | None
+    tolerance: dict[str, float] | None
+
+
+@dataclass
+class OpDef:
+    """One aten overload's whole story, from one YAML entry."""
+
+    op: str  # "aten.permute.default"
+    where: str  # "opdefs/shape.yaml:3"
+    family: str
+    schema: str
+    doc: str
+    registry: str
+    args: list[Arg]
+    lets: list[tuple[str, str, str]]  # (py name, source, where)
+    requires: list[Check]
+    limits: list[Check]
+    results: list[Result]
+    lines: list[Line]
+    samples: list[Sample] = field(default_factory=list)
+    tolerance: dict[str, float] | None = None
+
+    @property
+    def fn(self) -> str:
+        return self.op.replace(".", "_")
+
+
+def _torch_overload(name: Located) -> Any:
+    parts = str(name).split(".")
+    if len(parts) != 3 or parts[0] != "aten":
+        raise name.error("an entry's key is aten.<op>.<overload>, e.g. aten.add.Tensor")
+    packet = getattr(torch.ops.aten, parts[1], None)
+    if packet is None or not hasattr(torch.ops.aten, parts[1]):
+        raise name.error(f"torch has no op aten.{parts[1]}")
+    if parts[2] not in packet.overloads():
+        raise name.error(f"aten.{parts[1]} has no overload {parts[2]!r}; overloads: {', '.join(packet.overloads())}")
+    return getattr(packet, parts[2])
+
+
+def _schema_text(overload: Any) -> str:
+    return str(overload._schema).removeprefix("aten::")
+
+
+def _arg_kind(type_str: str) -> tuple[str, str]:
+    base = type_str.rstrip("?")
+    if base == "Tensor":
+        return "tensor", "Tensor | None" if type_str.endswith("?") else "Tensor"
+    if base in ("Tensor[]", "Tensor?[]"):
+        return "tensors", "list[Tensor]"
+    py = {"int": "int", "SymInt": "int", "number": "float", "Scalar": "float", "float": "float", "bool": "bool",
+          "int[]": "list[int]", "SymInt[]": "list[int]", "int[1]": "list[int]", "int[2]": "list[int]",
+          "SymInt[1]": "list[int]", "SymInt[2]": "list[int]", "ScalarType": "torch.dtype", "Layout": "object", "Device": "object", "MemoryFormat": "object", "str": "str",
+          "float[]": "list[float]", "Scalar[]": "list[float]", "bool[]": "list[bool]"}.get(base, "object")
+    return "scalar", py + (" | None" if type_str.endswith("?") else "")
+
+
+def _schema_args(overload: Any) -> list[Arg]:
+    out = []
+    for a in overload._schema.arguments:
+        kind, annotation = _arg_kind(str(a.type))
+        default = a.default_value if a.has_default_value() else REQUIRED
+        out.append(Arg(a.name, py_name(a.name), str(a.type), kind, default, annotation))
+    return out
+
+
+def _parse_emit(text: Located, scope: Scope, catalogue: dict[str, TosaOp], defined: dict[str, str]) -> Line:
+    tree = parse(text, "emit_line")
+    target, opname, *rest = tree.children
+    attrs_tree = next((c for c in rest if isinstance(c, Tree) and c.data == "attrs"), None)
+    guard_tree = rest[-1] if rest and rest[-1] is not None and rest[-1] is not attrs_tree else None
+    operands = [c for c in rest if c is not None and c is not attrs_tree and c is not guard_tree]
+    comp = Compiler(text, scope)
+    op = catalogue.get(str(opname))
+    if op is None:
+        near = [n for n in catalogue if n.split(".")[1].startswith(str(opname).split(".")[-1][:3])]
+        hint = f"; did you mean {', '.join(near[:4])}?" if near else "; add it to opdefs/tosa.yaml first"
+        raise comp.error(opname, f"{opname} is not in the TOSA catalogue{hint}")
+    if str(target) in defined:
+        raise comp.error(target, f"{target} is already defined at {defined[str(target)]}; "
+                         "each name is assigned once (SSA)")
+    if str(target) in scope.names:
+        raise comp.error(target, f"{target} shadows an argument or let binding; pick a new name")
+    args = []
+    for operand in operands:
+        star = isinstance(operand, Tree) and operand.data == "star"
+        inner = operand.children[0] if star else operand
+        if comp.kind(inner) == "scalar":
+            raise comp.error(inner.children[0], f"{inner.children[0]} is not a tensor; operands are tensors "
+                             "(pass scalars as attributes, or make one with tosa.const)")
+        if star and comp.kind(inner) not in ("tensors", "value"):
+            raise comp.error(inner.children[0], f"'*' spreads a list of tensors; {inner.children[0]} is a tensor")
+        args.append(("*" if star else "") + strip_parens(comp.compile(inner)))
+    if not op.variadic and len(args) != len(op.operands):
+        raise comp.error(opname, f"{op.name} takes {len(op.operands)} operand(s) "
+                         f"({', '.join(op.operands)}), got {len(args)}")
+    kwargs = []
+    wanted = op.keywords()
+    for attr in attrs_tree.children if attrs_tree is not None else []:
+        if attr is None:
+            continue
+        key, value = attr.children
+        if str(key) not in wanted:
+            raise comp.error(key, f"{op.name} has no attribute or param {str(key)!r}; it takes: "
+                             + (", ".join(wanted) or "none"))
+        kwargs.append((str(key), strip_parens(comp.compile(value))))
+    missing = [k for k, req in wanted.items() if req and k not in dict(kwargs)]
+    if missing:
+        raise comp.error(opname, f"{op.name} needs {', '.join(missing)} in braces: {{{missing[0]}: ...}}")
+    guard = strip_parens(comp.compile(guard_tree)) if guard_tree is not None else None
+    if guard is not None and not args:
+        raise comp.error(opname, "a guarded line needs an operand: when the guard fails, "
+                         "the name takes its first operand's value")
+    return Line(py_name(str(target)), op, args, kwargs, guard, args[0].lstrip("*") if args else "",
+                text.where, str(text))
+
+
+def _parse_sample(item: Any, entry: OpDef, at: Located, dtypes: list[str]) -> list[Sample]:
+    item = _expect(item, dict, "a sample", at)
+    where = _where(next(iter(item), at), at)
+    names = {a.name: a for a in entry.args}
+    for key in item:
+        if key not in names and key not in SAMPLE_KEYS:
+            raise _where(key, at).error(f"sample key {key!r} is not an argument of {entry.op}; arguments: "
+                                        f"{', '.join(names)}; sample options: {', '.join(SAMPLE_KEYS)}")
+    for a in entry.args:
+        if a.default is REQUIRED and a.name not in item:
+            raise where.error(f"sample misses required argument {a.name!r} of {entry.op}")
+    uses_t = any("T[" in str(v) for v in item.values())
+    out = []
+    for dt in (dtypes if uses_t else [None]):
+        args = {k: _sample_value(v, names[k], dt, _where(v, where)) for k, v in item.items() if k in names}
+        rng = item.get("range")
+        out.append(Sample(args, item.get("raises"), item.get("unsupported"), where.where, dt,
+                          tuple(rng) if rng else None, item.get("tolerance")))
+    return out
+
+
+def _sample_value(value: Any, arg: Arg, dt: str | None, at: Located) -> Any:
+    if arg.kind == "tensor" and value is not None:
+        return _tensor_sample(_expect(value, str, f"sample {arg.name}", at), dt)
+    if arg.kind == "tensors":
+        return [_tensor_sample(_expect(v, str, f"sample {arg.name}", at), dt) for v in _expect(value, list, arg.name, at)]
+    if arg.type.rstrip("?") == "ScalarType" and value is not None:
+        if str(value) not in DTYPES:
+            raise at.error(f"a dtype sample is one of {', '.join(DTYPES)}")
+        return ("dtype", str(value))
+    return value if not isinstance(value, Located) else str(value)
+
+
+def _tensor_sample(text: Located, dt: str | None) -> tuple[str, str, tuple[int, ...]]:
+    m = TENSOR_RE.fullmatch(str(text).strip())
+    if not m:
+        raise text.error("a tensor sample is written dtype[dims], e.g. f32[2, 3] (T[...] for each sample_dtype)")
+    dtype = m["dtype"]
+    if dtype == "T":
+        dtype = dt or "f32"
+    if dtype not in DTYPES:
+        raise text.error(f"unknown dtype {dtype!r}; dtypes: {', '.join(DTYPES)}")
+    dims = tuple(int(d) for d in m["dims"].replace(" ", "").split(",") if d)
+    return ("tensor", dtype, dims)
+
+
+def load_entry(name: Located, entry: Any, family: str, catalogue: dict[str, TosaOp]) -> OpDef:
+    _expect(entry, dict, str(name), name)
+    _check_keys(entry, OPDEF_KEYS, name)
+    overload = _torch_overload(name)
+    schema = _schema_text(overload)
+    given = _expect(entry.get("schema"), str, "schema", name) if "schema" in entry else None
+    if given is None or " ".join(given.split()) != schema:
+        at = given if given is not None else name
+        raise at.error(f"schema does not match torch; write:\n    schema: {schema}")
+    args = _schema_args(overload)
+    scope = Scope({a.name: a.kind for a in args})
+    lets = []
+    for key, rule in _expect(entry.get("let", {}), dict, "let", name).items():
+        if key in scope.names:
+            raise _where(key, name).error(f"let {key!r} shadows an argument")
+        rule = _rule(rule, f"let {key}", _where(key, name))
+        lets.append((py_name(str(key)), compile_expr(rule, scope), rule.where))
+        scope.names[str(key)] = "value"
+
+    def checks(key: str) -> list[Check]:
+        return [Check(compile_expr(r, scope), compile_message(m, scope), r.where)
+                for r, m in _rule_map_list(entry.get(key, []), name)]
+
+    requires, limits = checks("requires"), checks("limits")
+    if "returns" in entry and ("shape" in entry or "dtype" in entry):
+        raise name.error("give either shape/dtype (one result) or returns (several), not both")
+    if "returns" in entry:
+        spec = _expect(entry["returns"], dict, "returns", name)
+    else:
+        for key in ("shape", "dtype"):
+            if key not in entry:
+                raise name.error(f"{name} has no '{key}' rule")
+        spec = {Located("out", name.file, name.line, name.col): {"shape": entry["shape"], "dtype": entry["dtype"]}}
+    results = []
+    for rname, rs in spec.items():
+        _expect(rs, dict, f"returns.{rname}", _where(rname, name))
+        for key in ("shape", "dtype"):
+            if key not in rs:
+                raise _where(rname, name).error(f"result {rname} has no '{key}' rule")
+        results.append(Result(py_name(str(rname)), compile_expr(_rule(rs["shape"], "shape", name), scope),
+                              compile_expr(_rule(rs["dtype"], "dtype", name), scope)))
+    n_returns = len(overload._schema.returns)
+    if len(results) != n_returns:
+        raise name.error(f"torch's {name} returns {n_returns} value(s); the spec declares {len(results)}")
+    lines: list[Line] = []
+    defined: dict[str, str] = {}
+    emit_scope = scope.child()
+    for text in _expect(entry.get("emit", []), list, "emit", name):
+        line = _parse_emit(_expect(text, str, "an emit line", name), emit_scope, catalogue, defined)
+        lines.append(line)
+        defined[line.target] = line.where
+        emit_scope.names[line.target] = "tensor"
+    if not lines:
+        raise name.error(f"{name} has no emit lines")
+    for r in results:
+        if r.name not in defined:
+            raise name.error(f"the emit lines never define result {r.name!r}")
+    opdef = OpDef(
+        op=str(name), where=name.where, family=family, schema=schema, doc=str(entry.get("doc", "")),
+        registry=str(entry.get("registry", "tosa")), args=args, lets=lets, requires=requires,
+        limits=limits, results=results, lines=lines, tolerance=entry.get("tolerance"))
+    dtypes = [str(d) for d in entry.get("sample_dtypes", ["f32"])]
+    for d in dtypes:
+        if d not in DTYPES:
+            raise _where(d, name).error(f"unknown dtype {d!r}; dtypes: {', '.join(DTYPES)}")
+    samples = _expect(entry.get("samples", []), list, "samples", name)
+    if not samples:
+        raise name.error(f"{name} has no samples; every op is tested from its samples")
+    for item in samples:
+        opdef.samples.extend(_parse_sample(item, opdef, name, dtypes))
+    return opdef
+
+
+def load_opdefs(paths: list[Path], catalogue: dict[str, TosaOp]) -> list[OpDef]:
+    """Every aten entry of the given files, in file then entry order."""
+    out: list[OpDef] = []
+    seen: dict[tuple[str, str], str] = {}
+    for path in paths:
+        data = load_yaml(path) or {}
+        top = Located("", str(path), 1, 1)
+        for name, entry in _expect(data, dict, path.name, top).items():
+            name = _expect(name, str, "an op name", top)
+            opdef = load_entry(name, entry, path.stem, catalogue)
+            key = (opdef.op, opdef.registry)
+            if key in seen:
+                raise name.error(f"{opdef.op} already has a {opdef.registry} entry at {seen[key]}")
+            seen[key] = opdef.where
+            out.append(opdef)
+    return out
+

@@ -1,0 +1,27 @@
+"""The exceptions torchtosa raises: every failure a user can meet is one of these."""
+
+from __future__ import annotations
+
+
+class TorchTosaError(Exception):
+    """Base class of every torchtosa error."""
+
+
+class Unsupported(TorchTosaError):
+    """Valid PyTorch that torchtosa cannot lower (no mapping, or a spec's `limits`)."""
+
+
+class InvalidInput(TorchTosaError, ValueError):
+    """Input that PyTorch rejects too (a spec's `requires` failed)."""
+
+
+class InputMismatch(TorchTosaError, TypeError):
+    """A compiled function was called with arguments it was not compiled for."""
+
+
+class CompileError(TorchTosaError):
+    """The MLIR pass pipeline or the JIT failed on a module torchtosa produced."""
+
+
+class LoweringError(TorchTosaError):
+    """A lowering emitted TOSA that breaks the catalogue's rules: a bug in a spec."""

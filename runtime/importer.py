@@ -1,0 +1,208 @@
+"""FX graph → TOSA module: a symbol table over the graph and a registry lookup per node."""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from mlir import ir
+from mlir.dialects import func
+
+from .errors import InvalidInput, LoweringError, TorchTosaError, Unsupported
+from .execute import TensorSpec
+from .registry import registry
+from .tosa import Builder, Tensor, tensor_type
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n\s*(?P<code>.*)')
+
+
+@dataclass
+class Program:
+    """A TOSA module for one graph, with the signature of its function."""
+
+    module: ir.Module
+    context: ir.Context
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    served: Counter = field(default_factory=Counter)  # (aten op, registry) -> nodes lowered
+    name: str = "forward"
+
+    def __str__(self) -> str:
+        return str(self.module)
+
+    def report(self) -> str:
+        """Which registry lowered each aten op, and how many nodes."""
+        rows = [f"{op:40s} {reg:8s} x{n}" for (op, reg), n in sorted(self.served.items())]
+        return "\n".join(rows)
+
+
+def user_frame(node: torch.fx.Node) -> tuple[str, int, str] | None:
+    """The innermost user source frame of a node: (file, line, code)."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = [m for m in _FRAME.finditer(trace)]
+    if not frames:
+        return None
+    last = frames[-1]
+    return last["file"], int(last["line"]), last["code"].strip()
+
+
+def where(node: torch.fx.Node) -> str:
+    """`file:line` of the user's source for a node, or its graph name."""
+    frame = user_frame(node)
+    if frame is None:
+        return f"graph node {node.name}"
+    return f"{frame[0]}:{frame[1]}: {frame[2]}"
+
+
+def _location(node: torch.fx.Node) -> ir.Location:
+    frame = user_frame(node)
+    inner = ir.Location.file(frame[0], frame[1], 0) if frame else ir.Location.unknown()
+    return ir.Location.name(node.name, childLoc=inner)
+
+
+def _spec(val: Any, node: torch.fx.Node) -> TensorSpec:
+    if not isinstance(val, torch.Tensor):
+        raise Unsupported(f"{node.name} is a {type(val).__name__}, not a tensor ({where(node)}); "
+                          "only static-shape tensor programs are supported")
+    if any(not isinstance(s, int) for s in val.shape):
+        raise Unsupported(f"{node.name} has a dynamic shape {tuple(val.shape)} ({where(node)}); "
+                          "compile with static shapes")
+    return TensorSpec(tuple(val.shape), val.dtype)
+
+
+def _flat(x: Any) -> Iterator[Any]:
+    if isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _flat(y)
+    else:
+        yield x
+
+
+class Importer:
+    """Walks an FX graph in order, mapping each node to MLIR values."""
+
+    def __init__(self, gm: torch.fx.GraphModule, name: str):
+        self.gm, self.name = gm, name
+        self.env: dict[torch.fx.Node, Any] = {}
+        self.served: Counter = Counter()
+
+    def run(self) -> Program:
+        context = ir.Context()
+        with context, ir.Location.unknown():
+            module = ir.Module.create()
+            placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+            inputs = [_spec(n.meta.get("val"), n) for n in placeholders]
+            with ir.InsertionPoint(module.body):
+                fn = func.FuncOp(self.name, ([tensor_type(s.shape, s.dtype) for s in inputs], []))
+                fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+                block = fn.add_entry_block()
+            for node, arg, spec in zip(placeholders, block.arguments, inputs, strict=True):
+                self.env[node] = Tensor(arg, spec.shape, spec.dtype)
+            with ir.InsertionPoint(block):
+                results = self.body()
+                func.ReturnOp([t.value for t in results])
+            outputs = [TensorSpec(t.shape, t.dtype) for t in results]
+            fn.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
+                [tensor_type(s.shape, s.dtype) for s in inputs], [tensor_type(s.shape, s.dtype) for s in outputs]))
+            try:
+                module.operation.verify()
+            except ir.MLIRError as err:
+                raise LoweringError(f"the emitted TOSA does not verify: {err}") from None
+        return Program(module, context, inputs, outputs, self.served, self.name)
+
+    def body(self) -> list[Tensor]:
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                continue
+            if node.op == "output":
+                outs = list(_flat(node.args[0]))
+                bad = [o for o in outs if not isinstance(self.env.get(o), Tensor)]
+                if bad:
+                    raise Unsupported(f"graph output {bad[0]} is not a tensor")
+                return [self.env[o] for o in outs]
+            with _location(node):
+                self.env[node] = self.node(node)
+        raise LoweringError("the graph has no output node")
+
+    def node(self, node: torch.fx.Node) -> Any:
+        if node.op == "get_attr":
+            value = operator.attrgetter(node.target)(self.gm)
+            if not isinstance(value, torch.Tensor):
+                raise Unsupported(f"attribute {node.target} is a {type(value).__name__}, not a tensor")
+            return Builder(f"constant {node.target}").constant(value, value.dtype, tuple(value.shape))
+        if node.op != "call_function":
+            raise Unsupported(f"{node.op} node {node.name} ({where(node)}): only aten graphs are supported")
+        if node.target is operator.getitem:
+            return self.env[node.args[0]][node.args[1]]
+        if not isinstance(node.target, torch._ops.OpOverload):
+            raise Unsupported(f"{node.target} ({where(node)}) is not an aten op; "
+                              "capture with torchtosa.to_tosa to get a core ATen graph")
+        return self.call(node)
+
+    def call(self, node: torch.fx.Node) -> Any:
+        op = str(node.target)
+        entries = registry().get(op)
+        if not entries:
+            raise Unsupported(f"{op} ({where(node)}) — no mapping in the tosa registry or any fallback")
+        args = self.arguments(node)
+        reasons = []
+        for entry in entries:
+            try:
+                results = entry.fn(Builder(entry.where), *args)
+            except Unsupported as err:
+                reasons.append(f"{entry.registry} ({entry.where}): {err}")
+                continue
+            except InvalidInput as err:
+                raise InvalidInput(f"{op} ({where(node)}): {err}") from None
+            except TorchTosaError:
+                raise
+            self.check(node, results, entry.where)
+            self.served[(op, entry.registry)] += 1
+            return results[0] if len(node.target._schema.returns) == 1 else tuple(results)
+        raise Unsupported(f"{op} ({where(node)}) — " + "; ".join(reasons))
+
+    def arguments(self, node: torch.fx.Node) -> list[Any]:
+        """The node's arguments in schema order, defaults filled, nodes replaced by values."""
+        out = []
+        for i, arg in enumerate(node.target._schema.arguments):
+            if i < len(node.args) and not arg.kwarg_only:
+                value = node.args[i]
+            elif arg.name in node.kwargs:
+                value = node.kwargs[arg.name]
+            elif arg.has_default_value():
+                value = arg.default_value
+            else:
+                raise LoweringError(f"{node.target} ({where(node)}) misses argument {arg.name}")
+            out.append(self.value(value, node))
+        return out
+
+    def value(self, value: Any, node: torch.fx.Node) -> Any:
+        if isinstance(value, torch.fx.Node):
+            if value not in self.env:
+                raise Unsupported(f"{node.target} ({where(node)}) uses {value.name}, which has no value "
+                                  "(a symbolic size?); only static shapes are supported")
+            return self.env[value]
+        if isinstance(value, (list, tuple)):
+            return [self.value(v, node) for v in value]
+        if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+            raise Unsupported(f"{node.target} ({where(node)}) has a symbolic argument; use static shapes")
+        return value
+
+    def check(self, node: torch.fx.Node, results: list[Tensor], at: str) -> None:
+        """The emitted types must be those PyTorch's meta function gave the node."""
+        expected = node.meta.get("val")
+        vals = list(expected) if isinstance(expected, (list, tuple)) else [expected]
+        for i, (t, val) in enumerate(zip(results, vals, strict=False)):
+            if isinstance(val, torch.Tensor) and (t.shape != tuple(val.shape) or t.dtype != val.dtype):
+                raise LoweringError(f"{at}: {node.target} result {i} is {t.dtype}{list(t.shape)} but PyTorch says "
+                                    f"{val.dtype}{list(val.shape)} ({where(node)})")
+
+
+def import_graph(gm: torch.fx.GraphModule, name: str = "forward") -> Program:
+    """Translate an aten-level FX graph (with node.meta["val"]) into a TOSA module."""
+    return Importer(gm, name).run()

@@ -1,0 +1,194 @@
+"""The thin builder under generated code: TOSA 1.0 operand details and result types.
+
+Generated catalogue functions (`_generated/catalogue.py`, from opdefs/tosa.yaml)
+compute each op's result shape and dtype and call `Builder.create`. This module
+only knows how to make MLIR values: element types, constants, `!tosa.shape`
+operands, rank equalisation, and the bool convention.
+
+Bool convention: torch keeps bools in one byte and the MLIR→LLVM lowering of
+this build cannot load or store `i1` buffers, so a bool tensor lives as `i8`
+(0 or 1) between ops. Ops that need `i1` (comparisons, logical ops, the
+predicate of select) get a `tosa.cast` on the way in or out, which
+`linalg-fuse-elementwise-ops` fuses away.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from mlir import ir
+
+from .errors import LoweringError, Unsupported
+
+_ELEMENT = {
+    torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
+    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
+    torch.uint8: "ui8", torch.bool: "i8",
+}
+
+
+def element_type(dtype: torch.dtype, i1: bool = False) -> ir.Type:
+    """The MLIR element type a torch dtype lives in (bool as i8 unless `i1`)."""
+    if i1 and dtype == torch.bool:
+        return ir.IntegerType.get_signless(1)
+    if dtype not in _ELEMENT:
+        raise Unsupported(f"dtype {dtype} has no TOSA element type; supported: "
+                          + ", ".join(str(d).removeprefix("torch.") for d in _ELEMENT))
+    if dtype == torch.uint8:
+        return ir.IntegerType.get_unsigned(8)
+    return ir.Type.parse(_ELEMENT[dtype])
+
+
+def tensor_type(shape: Sequence[int], dtype: torch.dtype, i1: bool = False) -> ir.RankedTensorType:
+    return ir.RankedTensorType.get(list(shape), element_type(dtype, i1))
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """An SSA tensor value with the shape and dtype the rules see."""
+
+    value: ir.Value
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+
+def _attr(kind: str, value: Any, elem: ir.Type | None, result: ir.RankedTensorType) -> ir.Attribute:
+    i32, i64 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(64)
+    if kind == "i32":
+        return ir.IntegerAttr.get(i32, int(value))
+    if kind == "i64":
+        return ir.IntegerAttr.get(i64, int(value))
+    if kind == "f32":
+        return ir.FloatAttr.get_f32(float(value))
+    if kind == "bool":
+        return ir.BoolAttr.get(bool(value))
+    if kind == "i32_array":
+        return ir.DenseI32ArrayAttr.get([int(v) for v in value])
+    if kind == "i64_array":
+        return ir.DenseI64ArrayAttr.get([int(v) for v in value])
+    if kind == "type":
+        return ir.TypeAttr.get(element_type(value))
+    if kind == "elem":
+        if isinstance(elem, ir.FloatType):
+            return ir.FloatAttr.get(elem, float(value))
+        return ir.IntegerAttr.get(elem, int(value))
+    if kind == "str":
+        return ir.Attribute.parse(str(value))
+    if kind == "dense":
+        return dense(value, result)
+    raise LoweringError(f"unknown attribute kind {kind!r}")
+
+
+def dense(value: Any, result: ir.RankedTensorType) -> ir.DenseElementsAttr:
+    """A dense attribute of `result`'s type from a scalar (splat), a flat list or a tensor."""
+    elem = result.element_type
+    if isinstance(value, torch.Tensor):
+        flat = value.detach().reshape(-1).tolist()
+    elif isinstance(value, (list, tuple)):
+        flat = list(value)
+    else:
+        flat = [value]
+    if isinstance(elem, ir.FloatType):
+        attrs = [ir.FloatAttr.get(elem, float(v)) for v in flat]
+    else:
+        attrs = [ir.IntegerAttr.get(elem, int(v)) for v in flat]
+    if len(attrs) == 1:
+        return ir.DenseElementsAttr.get_splat(result, attrs[0])
+    return ir.DenseElementsAttr.get(attrs, type=result)
+
+
+class Builder:
+    """Creates TOSA ops at the current insertion point and location."""
+
+    def __init__(self, where: str = ""):
+        self.where = where  # the spec entry being lowered, for error messages
+
+    def invalid(self, message: str) -> LoweringError:
+        """A catalogue check failed: the lowering at `self.where` is wrong."""
+        return LoweringError(f"{self.where}: the lowering emits invalid TOSA: {message}")
+
+    def create(self, name: str, operands: Sequence[Tensor | ir.Value], attrs: dict[str, tuple[str, Any]],
+               shape: Sequence[int], dtype: torch.dtype, i1: Sequence[int] = (), i1_out: bool = False) -> Tensor:
+        """One op with one result of the given shape and dtype."""
+        shape = tuple(int(s) for s in shape)
+        if any(s < 0 for s in shape):
+            raise self.invalid(f"{name} would have the negative shape {list(shape)}")
+        values = []
+        for i, operand in enumerate(operands):
+            if isinstance(operand, Tensor):
+                values.append(self.to_i1(operand) if i in i1 else operand.value)
+            else:
+                values.append(operand)
+        result = tensor_type(shape, dtype, i1_out)
+        first = next((o for o in operands if isinstance(o, Tensor)), None)
+        elem = element_type(first.dtype) if first is not None else result.element_type
+        op = ir.Operation.create(name, results=[result], operands=values,
+                                 attributes={k: _attr(kind, v, elem, result) for k, (kind, v) in attrs.items()})
+        out = Tensor(op.result, shape, dtype)
+        return self.from_i1(out) if i1_out and dtype == torch.bool else out
+
+    def to_i1(self, t: Tensor) -> ir.Value:
+        if t.dtype != torch.bool:
+            return t.value
+        op = ir.Operation.create("tosa.cast", results=[tensor_type(t.shape, t.dtype, True)], operands=[t.value])
+        return op.result
+
+    def from_i1(self, t: Tensor) -> Tensor:
+        op = ir.Operation.create("tosa.cast", results=[tensor_type(t.shape, t.dtype)], operands=[t.value])
+        return Tensor(op.result, t.shape, t.dtype)
+
+    def const_shape(self, dims: Sequence[int]) -> ir.Value:
+        """A `!tosa.shape<n>` value for reshape, tile, slice and pad."""
+        dims = [int(d) for d in dims]
+        shape_type = ir.Type.parse(f"!tosa.shape<{len(dims)}>")
+        index = ir.IndexType.get()
+        kind = ir.RankedTensorType.get([len(dims)], index)
+        if dims:
+            values = ir.DenseElementsAttr.get([ir.IntegerAttr.get(index, d) for d in dims], type=kind)
+        else:
+            values = ir.Attribute.parse("dense<> : tensor<0xindex>")
+        return ir.Operation.create("tosa.const_shape", results=[shape_type], attributes={"values": values}).result
+
+    def scalar(self, value: float | int, dtype: torch.dtype) -> ir.Value:
+        """A `tensor<1xT>` constant: zero points, shift and pad values."""
+        result = tensor_type([1], dtype)
+        return ir.Operation.create("tosa.const", results=[result], attributes={"values": dense(value, result)}).result
+
+    def zero_point(self, t: Tensor) -> ir.Value:
+        return self.scalar(0, t.dtype)
+
+    def constant(self, value: Any, dtype: torch.dtype, shape: Sequence[int] = ()) -> Tensor:
+        """A constant tensor: a scalar splat, a flat list, or a torch tensor's data."""
+        result = tensor_type(shape, dtype)
+        op = ir.Operation.create("tosa.const", results=[result], attributes={"values": dense(value, result)})
+        return Tensor(op.result, tuple(shape), dtype)
+
+    def reshape(self, t: Tensor, shape: Sequence[int]) -> Tensor:
+        shape = tuple(int(s) for s in shape)
+        if shape == t.shape:
+            return t
+        return self.create("tosa.reshape", [t, self.const_shape(shape)], {}, shape, t.dtype)
+
+    def equal_rank(self, *ts: Tensor) -> list[Tensor]:
+        """Reshape lower-rank operands with leading 1s, as TOSA's binary ops need."""
+        rank = max(t.rank for t in ts)
+        return [self.reshape(t, (1,) * (rank - t.rank) + t.shape) for t in ts]
+
+    def results(self, values: Sequence[Tensor], types: Sequence[tuple[Sequence[int], torch.dtype]]) -> list[Tensor]:
+        """Check the emitted results against the entry's own shape and dtype rules."""
+        for i, (t, (shape, dtype)) in enumerate(zip(values, types, strict=True)):
+            if t.shape != tuple(shape) or t.dtype != dtype:
+                raise self.invalid(f"result {i} is {_show(t.shape, t.dtype)} but the shape/dtype rules say "
+                                   f"{_show(shape, dtype)}")
+        return list(values)
+
+
+def _show(shape: Sequence[int], dtype: torch.dtype) -> str:
+    return f"{str(dtype).removeprefix('torch.')}{list(shape)}"
