@@ -500,3 +500,10 @@ def load_opdefs(paths: list[Path], catalogue: dict[str, TosaOp]) -> list[OpDef]:
             out.append(opdef)
     return out
 
+
+
+def load_specs(opdefs_dir: Path) -> tuple[dict[str, TosaOp], list[OpDef]]:
+    """The catalogue (tosa.yaml) and every aten entry of the other files in `opdefs_dir`."""
+    catalogue = load_catalogue(opdefs_dir / "tosa.yaml")
+    families = sorted(p for p in opdefs_dir.glob("*.yaml") if p.name != "tosa.yaml")
+    return catalogue, load_opdefs(families, catalogue)

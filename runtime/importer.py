@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +83,29 @@ def _flat(x: Any) -> Iterator[Any]:
         yield x
 
 
+def build_function(name: str, inputs: list[TensorSpec], body: Callable[[list[Tensor]], list[Tensor]]) -> Program:
+    """A module with one func.func whose body `body` emits from the arguments' tensors."""
+    context = ir.Context()
+    with context, ir.Location.unknown():
+        module = ir.Module.create()
+        with ir.InsertionPoint(module.body):
+            fn = func.FuncOp(name, ([tensor_type(s.shape, s.dtype) for s in inputs], []))
+            fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+            block = fn.add_entry_block()
+        with ir.InsertionPoint(block):
+            args = [Tensor(arg, s.shape, s.dtype) for arg, s in zip(block.arguments, inputs, strict=True)]
+            results = body(args)
+            func.ReturnOp([t.value for t in results])
+        outputs = [TensorSpec(t.shape, t.dtype) for t in results]
+        fn.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
+            [tensor_type(s.shape, s.dtype) for s in inputs], [tensor_type(s.shape, s.dtype) for s in outputs]))
+        try:
+            module.operation.verify()
+        except ir.MLIRError as err:
+            raise LoweringError(f"the emitted TOSA does not verify: {err}") from None
+    return Program(module, context, inputs, outputs, name=name)
+
+
 class Importer:
     """Walks an FX graph in order, mapping each node to MLIR values."""
 
@@ -92,28 +115,16 @@ class Importer:
         self.served: Counter = Counter()
 
     def run(self) -> Program:
-        context = ir.Context()
-        with context, ir.Location.unknown():
-            module = ir.Module.create()
-            placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
-            inputs = [_spec(n.meta.get("val"), n) for n in placeholders]
-            with ir.InsertionPoint(module.body):
-                fn = func.FuncOp(self.name, ([tensor_type(s.shape, s.dtype) for s in inputs], []))
-                fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
-                block = fn.add_entry_block()
-            for node, arg, spec in zip(placeholders, block.arguments, inputs, strict=True):
-                self.env[node] = Tensor(arg, spec.shape, spec.dtype)
-            with ir.InsertionPoint(block):
-                results = self.body()
-                func.ReturnOp([t.value for t in results])
-            outputs = [TensorSpec(t.shape, t.dtype) for t in results]
-            fn.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
-                [tensor_type(s.shape, s.dtype) for s in inputs], [tensor_type(s.shape, s.dtype) for s in outputs]))
-            try:
-                module.operation.verify()
-            except ir.MLIRError as err:
-                raise LoweringError(f"the emitted TOSA does not verify: {err}") from None
-        return Program(module, context, inputs, outputs, self.served, self.name)
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        inputs = [_spec(n.meta.get("val"), n) for n in placeholders]
+
+        def body(args: list[Tensor]) -> list[Tensor]:
+            self.env.update(zip(placeholders, args, strict=True))
+            return self.body()
+
+        program = build_function(self.name, inputs, body)
+        program.served = self.served
+        return program
 
     def body(self) -> list[Tensor]:
         for node in self.gm.graph.nodes:

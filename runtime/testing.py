@@ -1,0 +1,48 @@
+"""Lower and run one aten op from its registry entry: what the per-op tests use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .execute import NativeFunction, TensorSpec
+from .importer import Program, build_function
+from .registry import Entry
+from .tosa import Builder, Tensor
+
+
+def _tensors(args: list[Any]) -> list[torch.Tensor]:
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out.extend(x for x in a if isinstance(x, torch.Tensor))
+    return out
+
+
+def lower_op(entry: Entry, args: list[Any]) -> Program:
+    """A module whose function takes the tensors among `args` and applies the entry to them."""
+    tensors = _tensors(args)
+    specs = [TensorSpec(tuple(t.shape), t.dtype) for t in tensors]
+
+    def body(values: list[Tensor]) -> list[Tensor]:
+        by_id = {id(t): v for t, v in zip(tensors, values, strict=True)}
+
+        def bind(a: Any) -> Any:
+            if isinstance(a, torch.Tensor):
+                return by_id[id(a)]
+            if isinstance(a, (list, tuple)):
+                return [bind(x) for x in a]
+            return a
+
+        return entry.fn(Builder(entry.where), *[bind(a) for a in args])
+
+    return build_function("forward", specs, body)
+
+
+def run_op(entry: Entry, args: list[Any]) -> list[torch.Tensor]:
+    """Compile the entry for these arguments and run it natively."""
+    program = lower_op(entry, args)
+    return NativeFunction(program.module, program.inputs, program.outputs)(*_tensors(args))

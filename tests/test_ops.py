@@ -1,0 +1,115 @@
+"""One test per sample of every opdefs entry: shape/dtype rules against FakeTensor,
+numerics of the native code against eager, rejection of bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from generator.spec import OpDef, Sample, load_specs
+from torchtosa import InvalidInput, Unsupported
+from torchtosa import rules as R
+from torchtosa.registry import registry
+from torchtosa.testing import run_op
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = [(e, s) for e in load_specs(ROOT / "opdefs")[1] for s in e.samples]
+IDS = [f"{e.op}[{e.registry}]-{s.where.rsplit('/', 1)[-1]}" + (f"-{s.dtype}" if s.dtype else "") for e, s in CASES]
+DTYPES = {name: getattr(R, name + "_" if name == "bool" else name) for name in
+          ("f16", "bf16", "f32", "f64", "i8", "i16", "i32", "i64", "u8", "bool")}
+
+
+class Desc:
+    """What the rules see of a tensor: shape, rank, dtype."""
+
+    def __init__(self, t: torch.Tensor):
+        self.shape, self.dtype = tuple(t.shape), t.dtype
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+
+def random_tensor(dtype: torch.dtype, shape: tuple[int, ...], rng: tuple[float, float] | None) -> torch.Tensor:
+    """Random data, never all zeros: normal floats, small ints, coin-flip bools."""
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape).bool()
+    lo, hi = rng if rng else ((-4.0, 4.0) if dtype.is_floating_point else (-10, 10))
+    if dtype.is_floating_point:
+        data = torch.rand(shape, dtype=torch.float64) * (hi - lo) + lo if rng else torch.randn(shape) * 2
+        return data.to(dtype)
+    return torch.randint(int(lo), int(hi), shape, dtype=dtype)
+
+
+def make_args(e: OpDef, s: Sample) -> list[Any]:
+    def make(v: Any) -> Any:
+        if isinstance(v, tuple) and v and v[0] == "tensor":
+            return random_tensor(DTYPES[v[1]], v[2], s.range)
+        if isinstance(v, tuple) and v and v[0] == "dtype":
+            return DTYPES[v[1]]
+        if isinstance(v, list):
+            return [make(x) for x in v]
+        return v
+
+    return [make(s.args[a.name]) if a.name in s.args else a.default for a in e.args]
+
+
+def entry_for(e: OpDef):
+    return next(x for x in registry()[e.op] if x.registry == e.registry)
+
+
+def call_torch(e: OpDef, args: list[Any]) -> list[torch.Tensor]:
+    """Call the aten overload itself: positional arguments, then keyword-only ones."""
+    _, name, overload = e.op.split(".")
+    op = getattr(getattr(torch.ops.aten, name), overload)
+    schema = op._schema.arguments
+    pos = [a for a, s in zip(args, schema, strict=True) if not s.kwarg_only]
+    kw = {s.name: a for a, s in zip(args, schema, strict=True) if s.kwarg_only}
+    out = op(*pos, **kw)
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def describe(args: list[Any]) -> list[Any]:
+    return [Desc(a) if isinstance(a, torch.Tensor) else describe(a) if isinstance(a, list) else a for a in args]
+
+
+def fake_results(e: OpDef, args: list[Any]) -> list[torch.Tensor]:
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fakes = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else
+                 [mode.from_tensor(x) for x in a] if isinstance(a, list) and a and isinstance(a[0], torch.Tensor)
+                 else a for a in args]
+        return call_torch(e, fakes)
+
+
+@pytest.mark.parametrize(("e", "s"), CASES, ids=IDS)
+def test_shape_and_dtype_rules_match_pytorch(e: OpDef, s: Sample) -> None:
+    args = make_args(e, s)
+    if s.raises:
+        with pytest.raises(InvalidInput, match=s.raises):
+            entry_for(e).fn(None, *describe(args))
+        with pytest.raises(Exception):  # noqa: B017 - torch rejects it too, with its own error type
+            fake_results(e, args)
+        return
+    if s.unsupported:
+        with pytest.raises(Unsupported, match=s.unsupported):
+            entry_for(e).fn(None, *describe(args))
+        return
+    types = entry_for(e).fn(None, *describe(args))
+    expected = [(tuple(t.shape), t.dtype) for t in fake_results(e, args)]
+    assert types == expected
+
+
+@pytest.mark.parametrize(("e", "s"), [c for c in CASES if not (c[1].raises or c[1].unsupported)],
+                         ids=[i for i, c in zip(IDS, CASES, strict=True) if not (c[1].raises or c[1].unsupported)])
+def test_native_matches_eager(e: OpDef, s: Sample) -> None:
+    args = make_args(e, s)
+    expected = call_torch(e, args)
+    got = run_op(entry_for(e), args)
+    tol = s.tolerance or e.tolerance or {}
+    assert len(got) == len(expected)
+    for g, x in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, x, equal_nan=True, **({"rtol": tol["rtol"], "atol": tol["atol"]} if tol else {}))
