@@ -8,6 +8,7 @@ spec can never reach anything else. Nothing is `eval`ed at generation time.
 
 from __future__ import annotations
 
+import inspect
 import keyword
 from dataclasses import dataclass
 from functools import cache
@@ -16,28 +17,33 @@ from pathlib import Path
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
+from torchtosa import rules as rule_runtime
+
 from .source import Located, SpecError
 
 TENSOR_ATTRS = ("shape", "rank", "dtype")
 DTYPES = ("f16", "bf16", "f32", "f64", "i8", "i16", "i32", "i64", "u8", "bool")
 CONSTANTS = {"None": "None", "True": "True", "False": "False", "inf": "R.inf"}
 
-# name -> (min arity, max arity); mirrors runtime/rules.py, checked by tests.
-BUILTINS: dict[str, tuple[int, int]] = {
-    "len": (1, 1), "range": (1, 3), "min": (1, 2), "max": (1, 2), "abs": (1, 1),
-    "sum": (1, 1), "prod": (1, 1), "all": (1, 1), "any": (1, 1), "int": (1, 1),
-    "float": (1, 1), "list": (1, 1), "sorted": (1, 1), "enumerate": (1, 1),
-    "zip": (2, 3), "reversed": (1, 1), "ceil_div": (2, 2),
-    "wrap": (2, 2), "wrap_all": (2, 2), "is_perm": (1, 1), "broadcast": (2, 3),
-    "broadcastable": (2, 2), "reduced": (3, 3), "dims_or_all": (2, 2),
-    "result_type": (2, 2), "is_float": (1, 1), "is_int": (1, 1), "is_bool": (1, 1),
-    "is_signed": (1, 1), "to_float": (1, 1), "is_integral_value": (1, 1),
-    "infer_view": (2, 2), "pool_out": (5, 6), "conv_out": (5, 5), "normalize_slice": (4, 4),
-    "itemsize": (1, 1), "dtype_min": (1, 1), "dtype_max": (1, 1),
-    "acc_type": (1, 1), "inverse_perm": (1, 1), "move_to_end": (2, 2), "split_sizes": (2, 2),
-    "repeat_shape": (2, 2), "squeeze_dims": (2, 2), "pairs": (2, 2),
+# Python builtins the rule language re-exports (runtime/rules.py): name -> (min, max) arity.
+PY_BUILTINS: dict[str, tuple[int, int]] = {
+    "len": (1, 1), "range": (1, 3), "min": (1, 2), "max": (1, 2), "abs": (1, 1), "sum": (1, 1),
+    "all": (1, 1), "any": (1, 1), "int": (1, 1), "float": (1, 1), "list": (1, 1), "sorted": (1, 1),
+    "enumerate": (1, 1), "zip": (2, 3), "reversed": (1, 1),
 }
 
+
+def _rule_functions() -> dict[str, tuple[int, int]]:
+    """The functions defined in runtime/rules.py, with their arities: the one list of builtins."""
+    out = dict(PY_BUILTINS)
+    for name, fn in vars(rule_runtime).items():
+        if inspect.isfunction(fn) and fn.__module__ == rule_runtime.__name__ and not name.startswith("_"):
+            params = inspect.signature(fn).parameters.values()
+            out[name] = (sum(p.default is p.empty for p in params), len(params))
+    return out
+
+
+BUILTINS = _rule_functions()
 
 COMPARISONS = ("compare", "in_", "not_in")
 

@@ -1,5 +1,25 @@
-"""torchtosa: PyTorch → TOSA → native code, with every aten mapping declared in YAML."""
+"""torchtosa: PyTorch → TOSA → native code, with every aten mapping declared in YAML.
 
+    prog = torchtosa.to_tosa(fn, *example_inputs)     # TOSA MLIR (print(prog), prog.module)
+    fast = torchtosa.compile(fn, *example_inputs)     # native code through the pass pipeline
+    torch.compile(fn, backend="torchtosa")            # the same as a torch.compile backend
+"""
+
+from .api import CompiledFunction, compile, to_tosa, torchtosa_backend
 from .errors import CompileError, InputMismatch, InvalidInput, LoweringError, TorchTosaError, Unsupported
+from .importer import Program
 
-__all__ = ["CompileError", "InputMismatch", "InvalidInput", "LoweringError", "TorchTosaError", "Unsupported"]
+__all__ = [
+    "CompileError", "CompiledFunction", "InputMismatch", "InvalidInput", "LoweringError", "Program",
+    "TorchTosaError", "Unsupported", "compile", "to_tosa", "torchtosa_backend",
+]
+
+
+def _register_backend() -> None:
+    from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+
+    if "torchtosa" not in _COMPILER_FNS:
+        register_backend(torchtosa_backend, name="torchtosa")
+
+
+_register_backend()

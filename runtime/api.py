@@ -1,0 +1,130 @@
+"""The user-facing API: `to_tosa`, `compile`, and the `torchtosa` torch.compile backend."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from .capture import Captured, capture, capture_exported, make_backend
+from .errors import InputMismatch
+from .execute import NativeFunction, TensorSpec
+from .importer import Program, import_graph
+
+Signature = tuple[Any, ...]
+
+
+def _signature(tensors: list[torch.Tensor]) -> tuple[TensorSpec, ...]:
+    return tuple(TensorSpec(tuple(t.shape), t.dtype) for t in tensors)
+
+
+class _Cache:
+    """Native code keyed by graph and input signature: compiling a model twice reuses it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.entries: dict[tuple[str, tuple[TensorSpec, ...]], tuple[Program, NativeFunction]] = {}
+
+    def get(self, gm: torch.fx.GraphModule) -> tuple[Program, NativeFunction]:
+        program = import_graph(gm)
+        key = (str(program.module), tuple(program.inputs))
+        with self.lock:
+            hit = self.entries.get(key)
+        if hit is not None:
+            return hit
+        native = NativeFunction(program.module, program.inputs, program.outputs)
+        with self.lock:
+            return self.entries.setdefault(key, (program, native))
+
+    def clear(self) -> None:
+        with self.lock:
+            self.entries.clear()
+
+
+CACHE = _Cache()
+
+
+def to_tosa(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args: Any, **kwargs: Any) -> Program:
+    """The TOSA module of a function, module or ExportedProgram for these example inputs.
+
+    `print(prog)` shows the MLIR; `prog.module` is the `mlir.ir.Module`.
+    """
+    return import_graph(_capture(fn, args, kwargs).gm)
+
+
+def _capture(fn: Any, args: tuple, kwargs: dict) -> Captured:
+    if isinstance(fn, torch.export.ExportedProgram):
+        if args or kwargs:
+            raise TypeError("an ExportedProgram carries its own example inputs; pass no arguments")
+        return capture_exported(fn)
+    return capture(fn, args, kwargs)
+
+
+class CompiledFunction:
+    """Native code for a function or module; recompiles when the input signature changes."""
+
+    def __init__(self, fn: Callable | torch.nn.Module | torch.export.ExportedProgram):
+        self.fn = fn
+        self.lock = threading.Lock()
+        self.compiled: dict[Signature, tuple[Captured, Program, NativeFunction]] = {}
+
+    def prepare(self, *args: Any, **kwargs: Any) -> tuple[Captured, Program, NativeFunction]:
+        """Capture and compile for these inputs (or reuse what was compiled for their signature)."""
+        key = self._key(args, kwargs)
+        with self.lock:
+            hit = self.compiled.get(key)
+        if hit is None:
+            captured = _capture(self.fn, args, kwargs)
+            program, native = CACHE.get(captured.gm)
+            hit = (captured, program, native)
+            with self.lock:
+                self.compiled[key] = hit
+        return hit
+
+    @property
+    def program(self) -> Program:
+        """The TOSA program of the most recent compilation."""
+        if not self.compiled:
+            raise InputMismatch("nothing compiled yet: call the function once")
+        return next(reversed(self.compiled.values()))[1]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        captured, _, native = self.prepare(*args, **kwargs)
+        flat = self._flat_tensors(args, kwargs, captured)
+        outputs = native(*captured.params, *flat)
+        return pytree.tree_unflatten(outputs, captured.out_spec)
+
+    def _key(self, args: tuple, kwargs: dict) -> Signature:
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        sig = tuple((tuple(x.shape), x.dtype, x.device.type) if isinstance(x, torch.Tensor) else (type(x), x)
+                    for x in leaves)
+        return (spec, sig)
+
+    def _flat_tensors(self, args: tuple, kwargs: dict, captured: Captured) -> list[torch.Tensor]:
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        if isinstance(self.fn, torch.export.ExportedProgram):
+            return [x for x in leaves if isinstance(x, torch.Tensor)]
+        if spec != captured.in_spec:
+            raise InputMismatch(f"arguments are structured as {spec}, compiled for {captured.in_spec}")
+        return [x for x in leaves if isinstance(x, torch.Tensor)]
+
+
+def compile(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args: Any,  # noqa: A001
+            **kwargs: Any) -> CompiledFunction:
+    """Compile to native code through TOSA. With example inputs, compiles now; else on the first call."""
+    compiled = CompiledFunction(fn)
+    if args or kwargs or isinstance(fn, torch.export.ExportedProgram):
+        compiled.prepare(*args, **kwargs)
+    return compiled
+
+
+def _compile_graph(captured: Captured) -> Callable[..., list[torch.Tensor]]:
+    _, native = CACHE.get(captured.gm)
+    return native
+
+
+torchtosa_backend = make_backend(_compile_graph)
+torchtosa_backend.__doc__ = 'The torch.compile backend: `torch.compile(model, backend="torchtosa")`.'
