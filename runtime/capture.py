@@ -1,0 +1,397 @@
+"""Capture a PyTorch callable as an inference-only, core-ATen FX graph.
+
+`capture` traces with TorchDynamo (fullgraph) and AOTAutograd (core ATen
+decompositions) under `torch.no_grad()`; `capture_exported` starts from a
+`torch.export.ExportedProgram`; `make_backend` builds a `torch.compile` backend.
+`capture` and `capture_exported` hand over a graph whose placeholders are the
+lifted parameters/buffers/constants first, then the user's tensor inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch._decomp import core_aten_decompositions
+from torch._dynamo import exc as dynamo_exc
+from torch._dynamo.eval_frame import remove_from_cache
+from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+from torch._guards import TracingContext, detect_fake_mode
+from torch._ops import HigherOrderOperator
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.export.graph_signature import InputKind, OutputKind
+from torch.fx.experimental.symbolic_shapes import has_free_symbols
+
+from .errors import InvalidInput, TorchTosaError, Unsupported
+
+__all__ = ["Captured", "capture", "capture_exported", "make_backend"]
+
+
+@dataclass
+class Captured:
+    """An aten graph and the values to call it with.
+
+    `gm(*params, *example_inputs)` returns a flat tuple of tensors and
+    `pytree.tree_unflatten(list(result), out_spec)` rebuilds the user's output.
+    A later call is flattened with `pytree.tree_flatten((args, kwargs))`: its
+    spec must equal `in_spec`, its tensor leaves are the graph's user inputs and
+    its other leaves were specialised as constants while tracing.
+    """
+
+    gm: fx.GraphModule
+    params: list[torch.Tensor]
+    example_inputs: list[torch.Tensor]
+    in_spec: pytree.TreeSpec
+    out_spec: pytree.TreeSpec
+
+
+class _Constant:
+    """A non-tensor output leaf, kept in an out_spec so that unflattening restores it."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+pytree.register_pytree_node(
+    _Constant,
+    lambda c: ([], c.value),
+    lambda _children, value: value,
+    serialized_type_name="torchtosa.capture._Constant",
+)
+
+
+# Ops that only check facts at run time: they carry no data and are dropped.
+_DATALESS = {
+    torch.ops.aten._assert_async.default,
+    torch.ops.aten._assert_async.msg,
+    torch.ops.aten._assert_scalar.default,
+    torch.ops.aten._assert_tensor_metadata.default,
+    torch.ops.aten._functional_assert_async.msg,
+    torch.ops.aten._functional_assert_scalar.default,
+    torch.ops.aten._functional_sym_constrain_range.default,
+    torch.ops.aten._functional_sym_constrain_range_for_size.default,
+    torch.ops.aten.sym_constrain_range.default,
+    torch.ops.aten.sym_constrain_range_for_size.default,
+}
+
+# Ops that return their input unchanged in a functional graph: folded away.
+_IDENTITY = {torch.ops.aten.alias.default, torch.ops.aten.lift_fresh_copy.default}
+
+
+def capture(
+    fn: Callable[..., Any] | torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any] | None = None,
+) -> Captured:
+    """Trace `fn(*args, **kwargs)` with TorchDynamo (fullgraph) and AOTAutograd.
+
+    Runs `fn` once, without autograd, on the given inputs. A graph break raises
+    `Unsupported` with Dynamo's reason and the user's source line; an error
+    PyTorch itself raises while tracing (e.g. a shape mismatch) raises
+    `InvalidInput`. Input, parameter and buffer mutations raise `Unsupported`.
+    """
+    leaves, in_spec = pytree.tree_flatten((tuple(args), dict(kwargs or {})))
+    inputs = [x for x in leaves if isinstance(x, torch.Tensor)]
+    rec = _Recorder()
+    compiled = torch.compile(_trampoline, backend=rec.backend, fullgraph=True, dynamic=False)
+    with torch.no_grad(), _mha_fastpath_disabled(), _translated_dynamo_errors():
+        try:
+            result = compiled(fn, *args, **(kwargs or {}))
+        finally:
+            remove_from_cache(_trampoline)
+    out_leaves, out_spec = pytree.tree_flatten(_wrap_constants(result))
+    gm, params = rec.rebuild(_state_order(fn), inputs, out_leaves)
+    return Captured(gm, params, inputs, in_spec, out_spec)
+
+
+def capture_exported(ep: torch.export.ExportedProgram) -> Captured:
+    """Decompose `ep` to core ATen and bind its lifted values to the placeholders.
+
+    `example_inputs` are the tensors of `ep.example_inputs` (empty if unknown).
+    A program that mutates a buffer or an input raises `Unsupported`.
+    """
+    ep = ep.run_decompositions(core_aten_decompositions())
+    sig = ep.graph_signature
+    for out in sig.output_specs:
+        if out.kind != OutputKind.USER_OUTPUT:
+            raise Unsupported(f"the exported program updates {out.target!r} in place ({out.kind.name})")
+    gm = ep.graph_module
+    specs = dict(zip(gm.graph.find_nodes(op="placeholder"), sig.input_specs, strict=True))
+    params = [_lifted_value(ep, s) for s in specs.values() if s.kind != InputKind.USER_INPUT]
+    for node, spec in specs.items():
+        if spec.kind == InputKind.USER_INPUT and not isinstance(node.meta.get("val"), torch.Tensor):
+            gm.graph.erase_node(node)  # a specialised non-tensor input, unused
+    _check_graph(gm, static=True)
+    _simplify(gm)
+    example = ep.example_inputs or ((), {})
+    inputs = [x for x in pytree.tree_leaves(example) if isinstance(x, torch.Tensor)]
+    return Captured(gm, params, inputs, ep.call_spec.in_spec, ep.call_spec.out_spec)
+
+
+def make_backend(compile_graph: Callable[[Captured], Callable[..., Any]]) -> Callable[..., Any]:
+    """A `torch.compile` backend that hands each AOTAutograd forward graph to `compile_graph`.
+
+    Every placeholder is a runtime argument (`params == []`). `compile_graph`
+    runs on the graph's first call, so `example_inputs` are that call's real
+    arguments (ints where sizes are symbolic). Its result takes the arguments
+    positionally and returns the graph's flat outputs. With autograd enabled the
+    forward graph of the partitioned joint graph is compiled (it also returns the
+    activations saved for backward) and the backward graph runs eagerly.
+    """
+
+    def fw_compiler(gm: fx.GraphModule, _fake_args: Sequence[Any]) -> Callable[..., Any]:
+        _check_graph(gm, static=False)
+        _simplify(gm)
+        compiled: Callable[..., Any] | None = None
+
+        def run(args: list[Any]) -> Any:
+            nonlocal compiled
+            if compiled is None:
+                out_spec = pytree.tree_flatten(tuple(gm.graph.output_node().args[0]))[1]
+                in_spec = pytree.tree_flatten((tuple(args), {}))[1]
+                compiled = compile_graph(Captured(gm, [], list(args), in_spec, out_spec))
+            return compiled(*args)
+
+        run._boxed_call = True  # type: ignore[attr-defined]
+        return run
+
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        return aot_module_simplified(
+            gm,
+            example_inputs,
+            fw_compiler=fw_compiler,
+            bw_compiler=make_boxed_func,
+            decompositions=core_aten_decompositions(),
+        )
+
+    return backend
+
+
+def _trampoline(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """The frame Dynamo compiles, so its cache entries are torchtosa's own to drop."""
+    return fn(*args, **kwargs)
+
+
+class _Recorder:
+    """A Dynamo backend recording the AOT forward graph and one real call of it."""
+
+    def __init__(self) -> None:
+        empty = fx.Graph()
+        empty.output(())
+        self.gm = fx.GraphModule(torch.nn.Module(), empty)  # kept if Dynamo finds no graph
+        self.args: list[Any] = []
+        self.outputs: Sequence[Any] = ()
+
+    def backend(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        """Run AOTAutograd and remember what the compiled graph returns."""
+        inner = aot_module_simplified(
+            gm, example_inputs, fw_compiler=self._fw_compiler, decompositions=core_aten_decompositions()
+        )
+
+        def run(*args: Any) -> Any:
+            self.outputs = inner(*args)
+            return self.outputs
+
+        return run
+
+    def _fw_compiler(self, gm: fx.GraphModule, _fake_args: Sequence[Any]) -> Callable[..., Any]:
+        _check_functional(TracingContext.get().fw_metadata, gm)
+        _check_graph(gm, static=True)
+        self.gm = gm
+
+        def run(args: list[Any]) -> Any:
+            self.args = list(args)
+            return gm(*args)
+
+        run._boxed_call = True  # type: ignore[attr-defined]
+        return run
+
+    def rebuild(
+        self, state_order: dict[int, int], inputs: list[torch.Tensor], out_leaves: list[Any]
+    ) -> tuple[fx.GraphModule, list[torch.Tensor]]:
+        """The recorded graph with placeholders (params, user inputs) and the user's output leaves."""
+        old = self.gm
+        bound = _bound_values(old, self.args)
+        user_ids = {id(x) for x in inputs}
+        lifted = {id(v): v for v in bound.values() if id(v) not in user_ids}
+        params = sorted(lifted.values(), key=lambda v: state_order.get(id(v), len(state_order)))
+        graph = fx.Graph()
+        env = _bind_new_placeholders(graph, old, bound, params, inputs)
+        for node in old.graph.nodes:
+            if node not in env and node.op != "output":
+                env[node] = graph.node_copy(node, env.__getitem__)
+        fw_outs = old.graph.output_node().args[0]
+        graph.output(tuple(self._output_node(leaf, fw_outs, env, bound) for leaf in out_leaves))
+        gm = fx.GraphModule(torch.nn.Module(), graph)
+        _simplify(gm)
+        return gm, params
+
+    def _output_node(
+        self, leaf: Any, fw_outs: Sequence[fx.Node], env: dict[fx.Node, fx.Node], bound: dict[fx.Node, Any]
+    ) -> fx.Node:
+        """The new graph's node computing the user's output `leaf`."""
+        for out, node in zip(self.outputs, fw_outs, strict=False):
+            if out is leaf:
+                return env[node]
+        for node, value in bound.items():
+            if value is leaf:
+                return env[node]
+        raise Unsupported("an output tensor is neither computed by the graph nor one of its inputs")
+
+
+def _bound_values(gm: fx.GraphModule, args: list[Any]) -> dict[fx.Node, Any]:
+    """The real value behind each placeholder and tensor get_attr node of `gm`."""
+    bound: dict[fx.Node, Any] = dict(zip(gm.graph.find_nodes(op="placeholder"), args, strict=True))
+    for node in gm.graph.find_nodes(op="get_attr"):
+        value = _fetch_attr(gm, node.target)
+        if isinstance(value, torch.Tensor):
+            bound[node] = value
+    for node, value in bound.items():
+        if not isinstance(value, torch.Tensor):
+            raise Unsupported(f"graph input {node.name} is a {type(value).__name__}, not a tensor")
+    return bound
+
+
+def _bind_new_placeholders(
+    graph: fx.Graph,
+    old: fx.GraphModule,
+    bound: dict[fx.Node, Any],
+    params: list[torch.Tensor],
+    inputs: list[torch.Tensor],
+) -> dict[fx.Node, fx.Node]:
+    """Create one placeholder per param then per user input; map old nodes onto them."""
+    nodes_of: dict[int, list[fx.Node]] = {}
+    for node, value in bound.items():
+        nodes_of.setdefault(id(value), []).append(node)
+    fake_mode = detect_fake_mode([n.meta.get("val") for n in old.graph.nodes]) or FakeTensorMode()
+    env: dict[fx.Node, fx.Node] = {}
+    for i, value in enumerate([*params, *inputs]):
+        olds = nodes_of.pop(id(value), [])
+        name = olds[0].name if olds else f"arg{i}"
+        new = graph.placeholder(name)
+        new.meta["val"] = olds[0].meta["val"] if olds and "val" in olds[0].meta else fake_mode.from_tensor(value)
+        env.update(dict.fromkeys(olds, new))
+    return env
+
+
+def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
+    value: Any = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _state_order(fn: Callable[..., Any] | torch.nn.Module) -> dict[int, int]:
+    """Position of each parameter then buffer of a module, by tensor identity."""
+    if not isinstance(fn, torch.nn.Module):
+        return {}
+    tensors = [*fn.parameters(), *fn.buffers()]
+    return {id(t): i for i, t in reversed(list(enumerate(tensors)))}
+
+
+def _lifted_value(ep: torch.export.ExportedProgram, spec: Any) -> torch.Tensor:
+    """The tensor an exported program binds to a lifted (non-user) input."""
+    if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER) and spec.target in ep.state_dict:
+        value = ep.state_dict[spec.target]
+    elif spec.kind in (InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+        value = ep.constants[spec.target]
+    else:
+        raise Unsupported(f"exported program input {spec.arg.name} of kind {spec.kind.name}")
+    if not isinstance(value, torch.Tensor):
+        raise Unsupported(f"exported program input {spec.arg.name} is a {type(value).__name__}")
+    return value
+
+
+def _check_functional(meta: Any, gm: fx.GraphModule) -> None:
+    """Reject graphs whose AOT metadata shows in-place updates of inputs or side effects."""
+    mutated = [i for i, info in enumerate(meta.input_info) if info.mutates_data or info.mutates_metadata]
+    if mutated:
+        raise Unsupported(f"the function updates {len(mutated)} input/parameter/buffer tensor(s) in place")
+    if meta.tokens:
+        raise Unsupported("the function calls side-effectful operators")
+    if len(gm.graph.output_node().args[0]) != meta.num_outputs + meta.num_intermediate_bases:
+        raise Unsupported("unexpected AOTAutograd forward outputs")
+
+
+def _check_graph(gm: fx.GraphModule, *, static: bool) -> None:
+    """Reject higher-order operators and, if `static`, symbolic (data-dependent) shapes."""
+    for node in gm.graph.nodes:
+        if isinstance(node.target, HigherOrderOperator):
+            raise Unsupported(f"higher-order operator {node.target.name()}{_where(node)}")
+        if static and has_free_symbols(node.meta.get("val")):
+            raise Unsupported(f"{node.target} has a data-dependent or symbolic shape{_where(node)}")
+
+
+def _simplify(gm: fx.GraphModule) -> None:
+    """Drop data-free assertion nodes and fold identity ops."""
+    graph = gm.graph
+    for node in reversed(graph.nodes):
+        if node.target in _DATALESS and not node.users:
+            graph.erase_node(node)
+        elif node.target in _IDENTITY:
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+    graph.lint()
+    gm.recompile()
+
+
+def _wrap_constants(tree: Any) -> Any:
+    """`tree` with each non-tensor leaf wrapped so that flattening keeps it in the spec."""
+    return pytree.tree_map(lambda x: x if isinstance(x, torch.Tensor) else _Constant(x), tree)
+
+
+def _where(node: fx.Node) -> str:
+    """' at file:line: code' for the innermost user frame of a node, or ''."""
+    lines = (node.meta.get("stack_trace") or "").splitlines()
+    for i in reversed(range(len(lines))):
+        if m := re.match(r'\s*File "(.*)", line (\d+)', lines[i]):
+            code = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            return f" at {m[1]}:{m[2]}: {code}"
+    return ""
+
+
+@contextlib.contextmanager
+def _mha_fastpath_disabled() -> Iterator[None]:
+    """Keep nn.MultiheadAttention/TransformerEncoderLayer off their fused inference kernels."""
+    enabled = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(enabled)
+
+
+@contextlib.contextmanager
+def _translated_dynamo_errors() -> Iterator[None]:
+    """Re-raise Dynamo's and AOTAutograd's exceptions as torchtosa errors."""
+    try:
+        yield
+    except dynamo_exc.BackendCompilerFailed as e:
+        if isinstance(e.inner_exception, TorchTosaError):
+            raise e.inner_exception from None
+        raise Unsupported(f"AOTAutograd failed: {e.inner_exception}") from e
+    except dynamo_exc.TorchRuntimeError as e:
+        raise InvalidInput(_dynamo_reason(e)) from e
+    except dynamo_exc.TorchDynamoException as e:
+        raise Unsupported(_dynamo_reason(e)) from e
+
+
+def _dynamo_reason(e: Exception) -> str:
+    """Dynamo's summary and explanation of `e`, then the innermost user source line."""
+    reason = []
+    for line in str(e).strip().splitlines():
+        if line.strip().startswith(("Hint:", "Developer debug context:", "For more details", "from user code:")):
+            break
+        reason.append(line.rstrip())
+    text = "\n".join(reason).strip()
+    stack = getattr(e, "real_stack", None)
+    if stack:
+        frame = stack[-1]
+        text += f"\n  at {frame.filename}:{frame.lineno}: {(frame.line or '').strip()}"
+    return text

@@ -1,0 +1,247 @@
+"""Run a TOSA function natively: lower it, JIT it, call it on torch tensors.
+
+Calling convention: after lowering, `@name(in0..inN, out0..outM)` takes each
+tensor as a pointer to a memref descriptor {allocated, aligned, offset,
+sizes[rank], strides[rank]} (64-bit words). Outputs are allocated by torch, so
+no tensor is copied across the boundary. Booleans are bytes (i8) in memory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import operator
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from mlir import ir
+from mlir.execution_engine import ExecutionEngine
+
+from .errors import CompileError, InputMismatch, Unsupported
+from .pipeline import lower
+
+# Element type of each supported dtype at the boundary. TOSA integers are
+# signless, so uint8 is i8 too (ops carry unsignedness themselves, as
+# tosa.rescale does); bool is a byte holding 0 or 1.
+_ELEMENT_TYPES: dict[torch.dtype, str] = {
+    torch.float32: "f32",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.float64: "f64",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.int16: "i16",
+    torch.int8: "i8",
+    torch.uint8: "i8",
+    torch.bool: "i8",
+}
+
+# MLIR's packed wrapper of `_mlir_ciface_<name>`: void(void **args). ctypes
+# releases the GIL around the call.
+_PACKED = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_WORD = ctypes.sizeof(ctypes.c_uint64)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Static shape and dtype of one tensor crossing the native boundary."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    def __post_init__(self) -> None:
+        shape = tuple(operator.index(d) for d in self.shape)
+        if any(d < 0 for d in shape):
+            raise Unsupported(f"only static shapes are supported, got {self.shape}")
+        object.__setattr__(self, "shape", shape)
+        if self.dtype not in _ELEMENT_TYPES:
+            supported = ", ".join(str(d) for d in _ELEMENT_TYPES)
+            raise Unsupported(f"dtype {self.dtype} is not supported (supported: {supported})")
+
+    def mlir_type_str(self) -> str:
+        """The MLIR tensor type: "tensor<4x3xf32>"; bool is i8; rank 0 is "tensor<f32>"."""
+        dims = "".join(f"{d}x" for d in self.shape)
+        return f"tensor<{dims}{_ELEMENT_TYPES[self.dtype]}>"
+
+
+class NativeFunction:
+    """A TOSA function compiled to native code, callable on CPU torch tensors."""
+
+    def __init__(
+        self,
+        module: ir.Module,
+        inputs: Sequence[TensorSpec],
+        outputs: Sequence[TensorSpec],
+        name: str = "forward",
+    ) -> None:
+        """Lower a clone of `module` (which stays untouched) and JIT `@name`.
+
+        `module` holds `func.func @name` taking and returning tensors of types
+        `inputs` and `outputs` (see TensorSpec.mlir_type_str). Raises
+        CompileError if the signature differs or lowering or the JIT fails.
+        """
+        self.inputs = tuple(inputs)
+        self.outputs = tuple(outputs)
+        self.name = name
+        self._module = _prepare(module, name, self.inputs, self.outputs)
+        lower(self._module)
+        self._engine = _jit(self._module)
+        address = self._engine.raw_lookup("_mlir_ciface_" + name)
+        if not address:
+            raise CompileError(f"JIT could not link @{name} (unresolved symbols are reported on stderr)")
+        self._fn = _PACKED(address)
+        self._layout = _FrameLayout([s.shape for s in self.inputs + self.outputs])
+        self._free_frames: list[_Frame] = []
+        self._checks = [(torch.Size(s.shape), s.dtype) for s in self.inputs]
+        self._results = [(s.shape, s.dtype) for s in self.outputs]
+
+    def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
+        """Run on `args`, all checked before native code runs; return new output tensors."""
+        if len(args) != len(self._checks):
+            raise InputMismatch(f"@{self.name} takes {len(self._checks)} tensors, got {len(args)}")
+        tensors = []
+        for t, (shape, dtype) in zip(args, self._checks):
+            if not (
+                isinstance(t, torch.Tensor)
+                and t.shape == shape
+                and t.dtype is dtype
+                and t.is_cpu
+                and t.layout is torch.strided
+            ):
+                i = len(tensors)
+                raise InputMismatch(_mismatch(i, t, self.inputs[i]))
+            tensors.append(t if t.is_contiguous() else t.contiguous())
+        results = [torch.empty(shape, dtype=dtype) for shape, dtype in self._results]
+        tensors += results
+        # A frame per concurrent call: list.pop/append are atomic, so threads
+        # (and re-entrant calls) never share one.
+        try:
+            frame = self._free_frames.pop()
+        except IndexError:
+            frame = self._layout.new_frame()
+        words = frame.words
+        for index, t in zip(frame.descriptors, tensors):
+            words[index] = words[index + 1] = t.data_ptr()
+        self._fn(frame.args)
+        self._free_frames.append(frame)
+        return results
+
+
+class _Frame:
+    """Argument memory of one call: descriptors, pointers to them, then the packed args."""
+
+    def __init__(self, words: ctypes.Array, descriptors: list[int]) -> None:
+        self.words = words
+        self.descriptors = descriptors  # index of each descriptor in words
+        self.args = ctypes.addressof(words) + _WORD * (len(words) - len(descriptors))
+
+
+class _FrameLayout:
+    """Makes frames for contiguous memrefs of fixed shapes; only data pointers vary per call."""
+
+    def __init__(self, shapes: Sequence[tuple[int, ...]]) -> None:
+        self._template: list[int] = []
+        self._descriptors: list[int] = []
+        for shape in shapes:
+            self._descriptors.append(len(self._template))
+            self._template += [0, 0, 0, *shape, *_contiguous_strides(shape)]
+        self._type = ctypes.c_uint64 * (len(self._template) + 2 * len(shapes))
+
+    def new_frame(self) -> _Frame:
+        words = self._type()
+        base = ctypes.addressof(words)
+        pointers = [base + _WORD * i for i in self._descriptors]
+        first_pointer = len(self._template)
+        packed = [base + _WORD * (first_pointer + i) for i in range(len(pointers))]
+        words[:] = self._template + pointers + packed
+        return _Frame(words, self._descriptors)
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> list[int]:
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= max(d, 1)
+    return strides[::-1]
+
+
+def _mismatch(i: int, t: object, spec: TensorSpec) -> str:
+    expected = f"a strided CPU tensor of shape {list(spec.shape)} and dtype {spec.dtype}"
+    if not isinstance(t, torch.Tensor):
+        return f"argument {i}: expected {expected}, got {type(t).__name__}"
+    got = f"shape {list(t.shape)}, dtype {t.dtype}, device {t.device}, layout {t.layout}"
+    return f"argument {i}: expected {expected}, got {got}"
+
+
+def _prepare(
+    module: ir.Module, name: str, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]
+) -> ir.Module:
+    """Clone `module`, check @name's signature, set what the calling convention needs."""
+    with module.context, ir.Location.unknown():
+        clone = ir.Module.create()
+        for attr in module.operation.attributes:
+            clone.operation.attributes[attr.name] = attr.attr
+        for op in module.body.operations:
+            op.clone(ip=ir.InsertionPoint(clone.body))
+        func = next(
+            (
+                op
+                for op in clone.body.operations
+                if op.operation.name == "func.func"
+                and ir.StringAttr(op.attributes["sym_name"]).value == name
+            ),
+            None,
+        )
+        if func is None:
+            raise CompileError(f"module has no func.func @{name}")
+        signature = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+        got = [str(t) for t in signature.inputs], [str(t) for t in signature.results]
+        want = [s.mlir_type_str() for s in inputs], [s.mlir_type_str() for s in outputs]
+        if got != want:
+            raise CompileError(f"@{name} has signature {got}, but the specs say {want}")
+        func.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+        # Inputs are read-only: never bufferize in place into a caller's tensor
+        # (tosa.scatter would otherwise write into its values_in argument).
+        old = ir.ArrayAttr(func.attributes["arg_attrs"]) if "arg_attrs" in func.attributes else None
+        func.attributes["arg_attrs"] = ir.ArrayAttr.get(
+            [_read_only(ir.DictAttr(old[i]) if old else None) for i in range(len(inputs))]
+        )
+    return clone
+
+
+def _read_only(attrs: ir.DictAttr | None) -> ir.DictAttr:
+    entries = {a.name: a.attr for a in (attrs[i] for i in range(len(attrs)))} if attrs else {}
+    entries["bufferization.writable"] = ir.BoolAttr.get(False)
+    return ir.DictAttr.get(entries)
+
+
+def _jit(module: ir.Module) -> ExecutionEngine:
+    """Compile an LLVM-dialect module; CompileError carries MLIR's diagnostics."""
+    diagnostics: list[str] = []
+
+    def record(d: ir.Diagnostic) -> bool:
+        diagnostics.append(f"{d.location}: {d.message}")
+        return True
+
+    handler = module.context.attach_diagnostic_handler(record)
+    try:
+        engine = ExecutionEngine(
+            module, opt_level=3, shared_libs=[_runner_utils()], enable_object_dump=False
+        )
+        engine.initialize()
+    except RuntimeError as e:
+        raise CompileError("\n".join([f"JIT failed: {e}", *diagnostics])) from e
+    finally:
+        handler.detach()
+    return engine
+
+
+def _runner_utils() -> str:
+    """Path of MLIR's C runner utils library (memrefCopy for strided copies)."""
+    lib_dir = os.path.join(os.path.dirname(ir.__file__), "lib")
+    found = sorted(glob.glob(os.path.join(lib_dir, "libmlir_c_runner_utils.*")))
+    if not found:
+        raise CompileError(f"libmlir_c_runner_utils not found in {lib_dir}; MLIR package incomplete?")
+    return found[0]

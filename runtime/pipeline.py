@@ -1,0 +1,118 @@
+"""The MLIR pass pipeline that lowers a TOSA module to the LLVM dialect.
+
+Lowering runs as named stages (`PIPELINES`, in order) so that a failure names
+the stage it happened in. Booleans (i1) must never be stored in memory: MLIR's
+MemRef-to-LLVM conversion asserts on sub-byte elements and would abort the
+whole process. So before "linalg" every use of an elementwise i1 result gets
+its own producer (which elementwise fusion then inlines into the consumer), and
+before "llvm" a guard raises CompileError on any remaining i1 buffer.
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+from mlir.passmanager import PassManager
+
+from .errors import CompileError
+
+PIPELINES: dict[str, str] = {
+    # TOSA -> linalg/tensor/arith/scf on tensors. Decompositions and shape
+    # passes first, as in MLIR's own tosa-to-linalg-pipeline (minus validation).
+    # tosa-to-scf (cond_if, while_loop, scatter) must precede tosa-to-linalg,
+    # which rejects scatter.
+    "tosa-to-linalg": "builtin.module(func.func("
+    "tosa-optional-decompositions,canonicalize,tosa-infer-shapes,"
+    "tosa-make-broadcastable,tosa-to-scf,tosa-to-linalg-named,canonicalize,"
+    "tosa-to-linalg,tosa-to-arith{include-apply-rescale=true},tosa-to-tensor))",
+    # Tensor-level cleanup. Fusing elementwise ops removes most intermediate
+    # buffers, including i1 comparison results; detensorizing turns rank-0
+    # ops (e.g. a cond_if predicate) into scalars, so they need no buffer.
+    "linalg": "builtin.module(canonicalize,linalg-fuse-elementwise-ops,"
+    "func.func(linalg-detensorize{aggressive-mode}),canonicalize,cse)",
+    # Tensors -> memrefs. Results become caller-allocated out-params, hence
+    # modify-public-functions (without it the pass silently does nothing).
+    # Loops (tosa.while_loop) may yield new buffers.
+    "bufferize": "builtin.module("
+    "one-shot-bufferize{bufferize-function-boundaries allow-return-allocs-from-loops "
+    "function-boundary-type-conversion=identity-layout-map},"
+    "buffer-results-to-out-params{hoist-static-allocs=true "
+    "modify-public-functions=true},"
+    "buffer-deallocation-pipeline)",
+    # Loops and memrefs -> LLVM dialect. Math ops without an LLVM intrinsic
+    # (erf, ...) become libm calls.
+    "llvm": "builtin.module("
+    "convert-linalg-to-loops,expand-strided-metadata,lower-affine,"
+    "convert-scf-to-cf,finalize-memref-to-llvm,convert-math-to-llvm,"
+    "convert-math-to-libm,convert-arith-to-llvm,convert-func-to-llvm,"
+    "convert-cf-to-llvm,reconcile-unrealized-casts)",
+}
+
+
+def lower(module: ir.Module) -> None:
+    """Lower a TOSA module in place to the LLVM dialect.
+
+    Raises CompileError naming the failing stage, with MLIR's diagnostics.
+    """
+    for stage, pipeline in PIPELINES.items():
+        if stage == "linalg":
+            _split_boolean_producers(module)
+        if stage == "llvm":
+            _reject_sub_byte_buffers(module)
+        pm = PassManager.parse(pipeline, context=module.context)
+        try:
+            pm.run(module.operation)
+        except ir.MLIRError as e:
+            raise CompileError(f"stage {stage!r} failed: {e}") from e
+
+
+def _split_boolean_producers(module: ir.Module) -> None:
+    """Clone each all-parallel linalg.generic with an i1 result once per extra use.
+
+    Elementwise fusion only inlines producers with a single use, so a boolean
+    mask used twice would otherwise be materialized as an i1 buffer.
+    """
+    producers: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if (
+            op.name == "linalg.generic"
+            and "reduction" not in str(op.attributes["iterator_types"])
+            and any(_is_sub_byte(ir.ShapedType(r.type).element_type) for r in op.results)
+        ):
+            producers.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    # Consumers first: their clones add uses to the producers they read.
+    for op in reversed(producers):
+        for i, result in enumerate(op.results):
+            for use in list(result.uses)[1:]:
+                clone = op.clone(ip=ir.InsertionPoint(op))
+                use.owner.operands[use.operand_number] = clone.results[i]
+
+
+def _reject_sub_byte_buffers(module: ir.Module) -> None:
+    """Raise CompileError if any memref has elements narrower than a byte."""
+    found: list[str] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        types = [r.type for r in op.results]
+        types += [a.type for region in op.regions for block in region.blocks for a in block.arguments]
+        if op.name == "memref.global":
+            types.append(ir.TypeAttr(op.attributes["type"]).value)
+        for t in types:
+            if isinstance(t, ir.MemRefType) and _is_sub_byte(t.element_type):
+                found.append(f"{op.name} at {op.location}: {t}")
+                return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    if found:
+        raise CompileError(
+            "stage 'bufferize' produced a buffer of sub-byte elements, which the "
+            f"LLVM lowering cannot handle (booleans must be i8 in memory): {found[0]}"
+        )
+
+
+def _is_sub_byte(t: ir.Type) -> bool:
+    return isinstance(t, ir.IntegerType) and t.width < 8
