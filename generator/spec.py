@@ -386,7 +386,7 @@ def _parse_sample(item: Any, entry: OpDef, at: Located, dtypes: list[str]) -> li
 
 
 def _sample_value(value: Any, arg: Arg, dt: str | None, at: Located) -> Any:
-    if arg.kind == "tensor" and value is not None:
+    if arg.kind == "tensor" and value is not None and not isinstance(value, bool | int | float):
         return _tensor_sample(_expect(value, str, f"sample {arg.name}", at), dt)
     if arg.kind == "tensors":
         return [_tensor_sample(_expect(v, str, f"sample {arg.name}", at), dt) for v in _expect(value, list, arg.name, at)]

@@ -166,11 +166,16 @@ def make_backend(compile_graph: Callable[[Captured], Callable[..., Any]]) -> Cal
             gm,
             example_inputs,
             fw_compiler=fw_compiler,
-            bw_compiler=make_boxed_func,
+            bw_compiler=_run_eagerly,
             decompositions=core_aten_decompositions(),
         )
 
     return backend
+
+
+def _run_eagerly(gm: fx.GraphModule, _example_args: Sequence[Any]) -> Callable[..., Any]:
+    """An AOTAutograd compiler that runs the graph as it is."""
+    return make_boxed_func(gm)
 
 
 def _trampoline(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -189,7 +189,10 @@ class Importer:
                 value = arg.default_value
             else:
                 raise LoweringError(f"{node.target} ({where(node)}) misses argument {arg.name}")
-            out.append(self.value(value, node))
+            value = self.value(value, node)
+            if str(arg.type) in ("Tensor", "Tensor?") and isinstance(value, bool | int | float):
+                value = Builder(str(node.target)).wrap_number(value)
+            out.append(value)
         return out
 
     def value(self, value: Any, node: torch.fx.Node) -> Any:

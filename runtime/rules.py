@@ -92,7 +92,10 @@ def squeeze_dims(shape: Sequence[int], dims: Sequence[int]) -> list[int]:
 
 
 def _as_operand(x: Any) -> Any:
-    """A tensor description as a meta tensor torch.result_type understands."""
+    """A tensor description as a meta tensor torch.result_type understands; a wrapped
+    Python number (see Builder.wrap_number) as a number of its kind."""
+    if getattr(x, "wrapped", False):
+        return {torch.bool: True, torch.int64: 1}.get(x.dtype, 1.0)
     if hasattr(x, "dtype") and hasattr(x, "rank"):
         return torch.empty([1] * x.rank, dtype=x.dtype, device="meta")
     return x

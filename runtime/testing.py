@@ -22,6 +22,11 @@ def _tensors(args: list[Any]) -> list[torch.Tensor]:
     return out
 
 
+def _schema(entry: Entry) -> torch.FunctionSchema:
+    _, name, overload = entry.op.split(".")
+    return getattr(getattr(torch.ops.aten, name), overload)._schema
+
+
 def lower_op(entry: Entry, args: list[Any]) -> Program:
     """A module whose function takes the tensors among `args` and applies the entry to them."""
     tensors = _tensors(args)
@@ -37,7 +42,12 @@ def lower_op(entry: Entry, args: list[Any]) -> Program:
                 return [bind(x) for x in a]
             return a
 
-        return entry.fn(Builder(entry.where), *[bind(a) for a in args])
+        b = Builder(entry.where)
+        schema = _schema(entry).arguments
+        bound = [bind(a) for a in args]
+        bound = [b.wrap_number(a) if str(s.type) in ("Tensor", "Tensor?") and isinstance(a, bool | int | float) else a
+                 for a, s in zip(bound, schema, strict=True)]
+        return entry.fn(b, *bound)
 
     return build_function("forward", specs, body)
 

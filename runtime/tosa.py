@@ -53,6 +53,7 @@ class Tensor:
     value: ir.Value
     shape: tuple[int, ...]
     dtype: torch.dtype
+    wrapped: bool = False  # a Python number in a Tensor slot: promotes like a scalar
 
     @property
     def rank(self) -> int:
@@ -169,6 +170,13 @@ class Builder:
         result = tensor_type(shape, dtype)
         op = ir.Operation.create("tosa.const", results=[result], attributes={"values": dense(value, result)})
         return Tensor(op.result, tuple(shape), dtype)
+
+    def wrap_number(self, value: bool | int | float) -> Tensor:
+        """A Python number passed where aten takes a Tensor, as torch wraps it: a rank-0
+        f64, i64 or bool constant that type promotion treats as a scalar."""
+        dtype = torch.bool if isinstance(value, bool) else torch.int64 if isinstance(value, int) else torch.float64
+        t = self.constant(value, dtype)
+        return Tensor(t.value, t.shape, t.dtype, wrapped=True)
 
     def reshape(self, t: Tensor, shape: Sequence[int]) -> Tensor:
         shape = tuple(int(s) for s in shape)

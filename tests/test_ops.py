@@ -24,10 +24,12 @@ DTYPES = {name: getattr(R, name + "_" if name == "bool" else name) for name in
 
 
 class Desc:
-    """What the rules see of a tensor: shape, rank, dtype."""
+    """What the rules see of a tensor: shape, rank, dtype (and whether it is a wrapped number)."""
 
-    def __init__(self, t: torch.Tensor):
-        self.shape, self.dtype = tuple(t.shape), t.dtype
+    def __init__(self, t: torch.Tensor | float, wrapped: bool = False):
+        if wrapped:
+            t = torch.tensor(t)
+        self.shape, self.dtype, self.wrapped = tuple(t.shape), t.dtype, wrapped
 
     @property
     def rank(self) -> int:
@@ -73,8 +75,19 @@ def call_torch(e: OpDef, args: list[Any]) -> list[torch.Tensor]:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
-def describe(args: list[Any]) -> list[Any]:
-    return [Desc(a) if isinstance(a, torch.Tensor) else describe(a) if isinstance(a, list) else a for a in args]
+def describe(e: OpDef, args: list[Any]) -> list[Any]:
+    """Arguments as the rules see them; numbers in Tensor slots become wrapped numbers."""
+    out = []
+    for a, arg in zip(args, e.args, strict=True):
+        if isinstance(a, torch.Tensor):
+            out.append(Desc(a))
+        elif arg.kind == "tensor" and isinstance(a, bool | int | float):
+            out.append(Desc(a, wrapped=True))
+        elif isinstance(a, list):
+            out.append([Desc(x) if isinstance(x, torch.Tensor) else x for x in a])
+        else:
+            out.append(a)
+    return out
 
 
 def fake_results(e: OpDef, args: list[Any]) -> list[torch.Tensor]:
@@ -90,15 +103,15 @@ def test_shape_and_dtype_rules_match_pytorch(e: OpDef, s: Sample) -> None:
     args = make_args(e, s)
     if s.raises:
         with pytest.raises(InvalidInput, match=s.raises):
-            entry_for(e).fn(None, *describe(args))
+            entry_for(e).fn(None, *describe(e, args))
         with pytest.raises(Exception):  # noqa: B017 - torch rejects it too, with its own error type
             fake_results(e, args)
         return
     if s.unsupported:
         with pytest.raises(Unsupported, match=s.unsupported):
-            entry_for(e).fn(None, *describe(args))
+            entry_for(e).fn(None, *describe(e, args))
         return
-    types = entry_for(e).fn(None, *describe(args))
+    types = entry_for(e).fn(None, *describe(e, args))
     expected = [(tuple(t.shape), t.dtype) for t in fake_results(e, args)]
     assert types == expected
 
