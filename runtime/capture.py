@@ -96,13 +96,14 @@ def capture(
     PyTorch itself raises while tracing (e.g. a shape mismatch) raises
     `InvalidInput`. Input, parameter and buffer mutations raise `Unsupported`.
     """
-    leaves, in_spec = pytree.tree_flatten((tuple(args), dict(kwargs or {})))
+    kwargs = dict(kwargs or {})
+    leaves, in_spec = pytree.tree_flatten((tuple(args), kwargs))
     inputs = [x for x in leaves if isinstance(x, torch.Tensor)]
     rec = _Recorder()
     compiled = torch.compile(_trampoline, backend=rec.backend, fullgraph=True, dynamic=False)
     with torch.no_grad(), _mha_fastpath_disabled(), _translated_dynamo_errors():
         try:
-            result = compiled(fn, *args, **(kwargs or {}))
+            result = compiled(fn, *args, **kwargs)
         finally:
             remove_from_cache(_trampoline)
     out_leaves, out_spec = pytree.tree_flatten(_wrap_constants(result))
@@ -114,9 +115,13 @@ def capture_exported(ep: torch.export.ExportedProgram) -> Captured:
     """Decompose `ep` to core ATen and bind its lifted values to the placeholders.
 
     `example_inputs` are the tensors of `ep.example_inputs` (empty if unknown).
-    A program that mutates a buffer or an input raises `Unsupported`.
+    A program that mutates a buffer or an input raises `Unsupported`, and so
+    does a failure of PyTorch's own re-tracing in `run_decompositions`.
     """
-    ep = ep.run_decompositions(core_aten_decompositions())
+    try:
+        ep = ep.run_decompositions(core_aten_decompositions())
+    except Exception as e:  # e.g. a view whose strides changed under decomposition
+        raise Unsupported(f"ExportedProgram.run_decompositions failed (capture the module instead): {e}") from e
     sig = ep.graph_signature
     for out in sig.output_specs:
         if out.kind != OutputKind.USER_OUTPUT:
@@ -128,10 +133,11 @@ def capture_exported(ep: torch.export.ExportedProgram) -> Captured:
         if spec.kind == InputKind.USER_INPUT and not isinstance(node.meta.get("val"), torch.Tensor):
             gm.graph.erase_node(node)  # a specialised non-tensor input, unused
     _check_graph(gm, static=True)
+    out_spec = _tensor_outputs_only(gm, ep.call_spec.out_spec)
     _simplify(gm)
     example = ep.example_inputs or ((), {})
     inputs = [x for x in pytree.tree_leaves(example) if isinstance(x, torch.Tensor)]
-    return Captured(gm, params, inputs, ep.call_spec.in_spec, ep.call_spec.out_spec)
+    return Captured(gm, params, inputs, ep.call_spec.in_spec, out_spec)
 
 
 def make_backend(compile_graph: Callable[[Captured], Callable[..., Any]]) -> Callable[..., Any]:
@@ -280,7 +286,9 @@ def _bind_new_placeholders(
         olds = nodes_of.pop(id(value), [])
         name = olds[0].name if olds else f"arg{i}"
         new = graph.placeholder(name)
-        new.meta["val"] = olds[0].meta["val"] if olds and "val" in olds[0].meta else fake_mode.from_tensor(value)
+        new.meta.update(olds[0].meta if olds else {})
+        if "val" not in new.meta:
+            new.meta["val"] = fake_mode.from_tensor(value)
         env.update(dict.fromkeys(olds, new))
     return env
 
@@ -296,8 +304,7 @@ def _state_order(fn: Callable[..., Any] | torch.nn.Module) -> dict[int, int]:
     """Position of each parameter then buffer of a module, by tensor identity."""
     if not isinstance(fn, torch.nn.Module):
         return {}
-    tensors = [*fn.parameters(), *fn.buffers()]
-    return {id(t): i for i, t in reversed(list(enumerate(tensors)))}
+    return {id(t): i for i, t in enumerate([*fn.parameters(), *fn.buffers()])}
 
 
 def _lifted_value(ep: torch.export.ExportedProgram, spec: Any) -> torch.Tensor:
@@ -344,6 +351,18 @@ def _simplify(gm: fx.GraphModule) -> None:
             graph.erase_node(node)
     graph.lint()
     gm.recompile()
+
+
+def _tensor_outputs_only(gm: fx.GraphModule, out_spec: pytree.TreeSpec) -> pytree.TreeSpec:
+    """Move constant outputs (e.g. None) of `gm` into its out_spec; return the new spec."""
+    output = gm.graph.output_node()
+    outs = list(output.args[0])
+    if all(isinstance(o, fx.Node) for o in outs):
+        return out_spec
+    tree = pytree.tree_unflatten([o if isinstance(o, fx.Node) else _Constant(o) for o in outs], out_spec)
+    nodes, spec = pytree.tree_flatten(tree)
+    output.args = (tuple(nodes),)
+    return spec
 
 
 def _wrap_constants(tree: Any) -> Any:
