@@ -17,7 +17,7 @@ import torch
 from lark import Tree
 
 from .rules import DTYPES, Compiler, Scope, compile_expr, compile_message, parse, py_name, strip_parens
-from .source import Located, SpecError, load_yaml
+from .source import Located, load_yaml
 
 # ---------------------------------------------------------------- helpers
 
@@ -150,8 +150,8 @@ def load_catalogue(path: Path) -> dict[str, TosaOp]:
             attrs.append(TosaAttr(str(attr), kind, default))
         scope.names.update({a.name: "value" for a in attrs})
         # implicit operands see every explicit operand, param and attribute
-        mlir_operands = [_parse_binding(item, scope, builders=True) if "=" in item else (py_name(item.lstrip("*")), None)
-                         for item in declared]
+        mlir_operands = [_parse_binding(item, scope, builders=True) if "=" in item
+                         else (py_name(item.lstrip("*")), None) for item in declared]
         i1 = [x if x == "out" else py_name(x) for x in map(str, entry.get("i1", []))]
         for x in i1:
             if x != "out" and x not in tensors:
@@ -160,7 +160,8 @@ def load_catalogue(path: Path) -> dict[str, TosaOp]:
                     for rule, msg in _rule_map_list(entry.get("requires", []), name)]
         ops[str(name)] = TosaOp(
             name=str(name), where=name.where, doc=str(entry.get("doc", "")), operands=tensors,
-            variadic=any(item.startswith("*") for item in declared), mlir_operands=mlir_operands, attrs=attrs, params=params,
+            variadic=any(item.startswith("*") for item in declared), mlir_operands=mlir_operands,
+            attrs=attrs, params=params,
             broadcast=bool(entry.get("broadcast", False)), i1=i1, requires=requires,
             shape=compile_expr(_rule(entry["shape"], "shape", name), scope),
             dtype=compile_expr(_rule(entry["dtype"], "dtype", name), scope))
@@ -297,9 +298,10 @@ def _arg_kind(type_str: str) -> tuple[str, str]:
         return "tensor", "Tensor | None" if type_str.endswith("?") else "Tensor"
     if base in ("Tensor[]", "Tensor?[]"):
         return "tensors", "list[Tensor]"
+    ints = "list[int]"
     py = {"int": "int", "SymInt": "int", "number": "float", "Scalar": "float", "float": "float", "bool": "bool",
-          "int[]": "list[int]", "SymInt[]": "list[int]", "int[1]": "list[int]", "int[2]": "list[int]",
-          "SymInt[1]": "list[int]", "SymInt[2]": "list[int]", "ScalarType": "torch.dtype", "Layout": "object", "Device": "object", "MemoryFormat": "object", "str": "str",
+          "int[]": ints, "SymInt[]": ints, "int[1]": ints, "int[2]": ints, "int[3]": ints, "SymInt[1]": ints,
+          "SymInt[2]": ints, "SymInt[3]": ints, "ScalarType": "torch.dtype", "str": "str",
           "float[]": "list[float]", "Scalar[]": "list[float]", "bool[]": "list[bool]"}.get(base, "object")
     return "scalar", py + (" | None" if type_str.endswith("?") else "")
 
@@ -389,7 +391,8 @@ def _sample_value(value: Any, arg: Arg, dt: str | None, at: Located) -> Any:
     if arg.kind == "tensor" and value is not None and not isinstance(value, bool | int | float):
         return _tensor_sample(_expect(value, str, f"sample {arg.name}", at), dt)
     if arg.kind == "tensors":
-        return [_tensor_sample(_expect(v, str, f"sample {arg.name}", at), dt) for v in _expect(value, list, arg.name, at)]
+        items = _expect(value, list, arg.name, at)
+        return [_tensor_sample(_expect(v, str, f"sample {arg.name}", at), dt) for v in items]
     if arg.type.rstrip("?") == "ScalarType" and value is not None:
         if str(value) not in DTYPES:
             raise at.error(f"a dtype sample is one of {', '.join(DTYPES)}")

@@ -112,7 +112,7 @@ class CompiledFunction:
         return [x for x in leaves if isinstance(x, torch.Tensor)]
 
 
-def compile(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args: Any,  # noqa: A001
+def compile(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args: Any,
             **kwargs: Any) -> CompiledFunction:
     """Compile to native code through TOSA. With example inputs, compiles now; else on the first call."""
     compiled = CompiledFunction(fn)

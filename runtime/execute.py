@@ -22,9 +22,8 @@ from mlir.execution_engine import ExecutionEngine
 from .errors import CompileError, InputMismatch, Unsupported
 from .pipeline import lower
 
-# Element type of each supported dtype at the boundary. TOSA integers are
-# signless, so uint8 is i8 too (ops carry unsignedness themselves, as
-# tosa.rescale does); bool is a byte holding 0 or 1.
+# Element type of each supported dtype at the boundary, as the TOSA builder
+# (tosa.py) types it; bool is a byte holding 0 or 1.
 _ELEMENT_TYPES: dict[torch.dtype, str] = {
     torch.float32: "f32",
     torch.float16: "f16",
@@ -34,7 +33,7 @@ _ELEMENT_TYPES: dict[torch.dtype, str] = {
     torch.int32: "i32",
     torch.int16: "i16",
     torch.int8: "i8",
-    torch.uint8: "i8",
+    torch.uint8: "ui8",
     torch.bool: "i8",
 }
 
@@ -102,7 +101,7 @@ class NativeFunction:
         if len(args) != len(self._checks):
             raise InputMismatch(f"@{self.name} takes {len(self._checks)} tensors, got {len(args)}")
         tensors = []
-        for t, (shape, dtype) in zip(args, self._checks):
+        for t, (shape, dtype) in zip(args, self._checks, strict=True):
             if not (
                 isinstance(t, torch.Tensor)
                 and t.shape == shape
@@ -122,7 +121,7 @@ class NativeFunction:
         except IndexError:
             frame = self._layout.new_frame()
         words = frame.words
-        for index, t in zip(frame.descriptors, tensors):
+        for index, t in zip(frame.descriptors, tensors, strict=True):
             words[index] = words[index + 1] = t.data_ptr()
         self._fn(frame.args)
         self._free_frames.append(frame)
@@ -189,8 +188,7 @@ def _prepare(
             (
                 op
                 for op in clone.body.operations
-                if op.operation.name == "func.func"
-                and ir.StringAttr(op.attributes["sym_name"]).value == name
+                if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name
             ),
             None,
         )
@@ -227,9 +225,7 @@ def _jit(module: ir.Module) -> ExecutionEngine:
 
     handler = module.context.attach_diagnostic_handler(record)
     try:
-        engine = ExecutionEngine(
-            module, opt_level=3, shared_libs=[_runner_utils()], enable_object_dump=False
-        )
+        engine = ExecutionEngine(module, opt_level=3, shared_libs=[_runner_utils()], enable_object_dump=False)
         engine.initialize()
     except RuntimeError as e:
         raise CompileError("\n".join([f"JIT failed: {e}", *diagnostics])) from e

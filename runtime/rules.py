@@ -35,7 +35,7 @@ def ceil_div(a: int, b: int) -> int:
 
 def wrap(dim: int, rank: int) -> int:
     """A possibly negative dim as an index in range(rank); rank 0 takes dims -1 and 0."""
-    n = builtins.max(rank, 1)
+    n = max(rank, 1)
     return dim + n if dim < 0 else dim
 
 
@@ -46,49 +46,49 @@ def wrap_all(dims: Sequence[int], rank: int) -> list[int]:
 def dims_or_all(dims: Sequence[int] | None, rank: int) -> list[int]:
     """Reduction dims, wrapped and sorted; None or [] means every dim."""
     if not dims:
-        return builtins.list(builtins.range(rank))
-    return builtins.sorted(wrap(d, rank) for d in dims)
+        return list(range(rank))
+    return sorted(wrap(d, rank) for d in dims)
 
 
 def is_perm(perm: Sequence[int]) -> bool:
-    return builtins.sorted(perm) == builtins.list(builtins.range(builtins.len(perm)))
+    return sorted(perm) == list(range(len(perm)))
 
 
 def inverse_perm(perm: Sequence[int]) -> list[int]:
-    inv = [0] * builtins.len(perm)
-    for i, p in builtins.enumerate(perm):
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
         inv[p] = i
     return inv
 
 
 def move_to_end(rank: int, dim: int) -> list[int]:
     """The permutation that moves `dim` to the last position."""
-    return [d for d in builtins.range(rank) if d != dim] + [dim]
+    return [d for d in range(rank) if d != dim] + [dim]
 
 
 def broadcastable(a: Sequence[int], b: Sequence[int]) -> bool:
-    return builtins.all(x == y or x == 1 or y == 1 for x, y in builtins.zip(a[::-1], b[::-1]))
+    return all(x == y or x == 1 or y == 1 for x, y in zip(a[::-1], b[::-1]))
 
 
 def broadcast(a: Sequence[int], b: Sequence[int], c: Sequence[int] | None = None) -> list[int]:
     """The broadcast shape of two or three shapes (numpy rules)."""
     if c is not None:
         return broadcast(broadcast(a, b), c)
-    n = builtins.max(builtins.len(a), builtins.len(b))
-    a = [1] * (n - builtins.len(a)) + builtins.list(a)
-    b = [1] * (n - builtins.len(b)) + builtins.list(b)
-    return [y if x == 1 else x for x, y in builtins.zip(a, b)]
+    n = max(len(a), len(b))
+    a = [1] * (n - len(a)) + list(a)
+    b = [1] * (n - len(b)) + list(b)
+    return [y if x == 1 else x for x, y in zip(a, b)]
 
 
 def reduced(shape: Sequence[int], dims: Sequence[int], keepdim: bool) -> list[int]:
     """The shape after reducing `dims` (already wrapped)."""
     if keepdim:
-        return [1 if i in dims else s for i, s in builtins.enumerate(shape)]
-    return [s for i, s in builtins.enumerate(shape) if i not in dims]
+        return [1 if i in dims else s for i, s in enumerate(shape)]
+    return [s for i, s in enumerate(shape) if i not in dims]
 
 
 def squeeze_dims(shape: Sequence[int], dims: Sequence[int]) -> list[int]:
-    return [s for i, s in builtins.enumerate(shape) if not (i in dims and s == 1)]
+    return [s for i, s in enumerate(shape) if not (i in dims and s == 1)]
 
 
 def _as_operand(x: Any) -> Any:
@@ -128,7 +128,7 @@ def to_float(dt: torch.dtype) -> torch.dtype:
 
 
 def is_integral_value(x: Any) -> bool:
-    return isinstance(x, (builtins.bool, builtins.int)) or (isinstance(x, builtins.float) and x.is_integer())
+    return isinstance(x, (bool, int)) or (isinstance(x, float) and x.is_integer())
 
 
 def acc_type(dt: torch.dtype) -> torch.dtype:
@@ -152,10 +152,10 @@ def infer_view(shape: Sequence[int], size: Sequence[int]) -> list[int]:
     """A view's target size with one -1 inferred, or [] if it cannot be inferred."""
     numel = prod(shape)
     known = prod(s for s in size if s != -1)
-    holes = [i for i, s in builtins.enumerate(size) if s == -1]
-    if builtins.len(holes) > 1 or builtins.any(s < -1 for s in size):
+    holes = [i for i, s in enumerate(size) if s == -1]
+    if len(holes) > 1 or any(s < -1 for s in size):
         return []
-    out = builtins.list(size)
+    out = list(size)
     if holes:
         if known == 0 or numel % known:
             return []
@@ -167,9 +167,9 @@ def normalize_slice(size: int, start: int | None, end: int | None, step: int) ->
     """[start, length] of aten.slice on a dim of `size`, clamped as torch does."""
     start = 0 if start is None else start
     end = size if end is None else end
-    start = builtins.min(builtins.max(start + size if start < 0 else start, 0), size)
-    end = builtins.min(builtins.max(end + size if end < 0 else end, 0), size)
-    length = builtins.max(0, ceil_div(end - start, step)) if end > start else 0
+    start = min(max(start + size if start < 0 else start, 0), size)
+    end = min(max(end + size if end < 0 else end, 0), size)
+    length = max(0, ceil_div(end - start, step)) if end > start else 0
     return [start, length]
 
 
@@ -191,14 +191,14 @@ def split_sizes(size: int, split: int) -> list[int]:
     """Chunk sizes of aten.split.Tensor."""
     if split == 0:
         return [0]
-    return [builtins.min(split, size - i) for i in builtins.range(0, size, split)] or [0]
+    return [min(split, size - i) for i in range(0, size, split)] or [0]
 
 
 def repeat_shape(shape: Sequence[int], repeats: Sequence[int]) -> list[int]:
-    pad = [1] * (builtins.len(repeats) - builtins.len(shape)) + builtins.list(shape)
-    return [s * r for s, r in builtins.zip(pad, repeats)]
+    pad = [1] * (len(repeats) - len(shape)) + list(shape)
+    return [s * r for s, r in zip(pad, repeats)]
 
 
 def pairs(a: Sequence[Any], b: Sequence[Any]) -> list[list[Any]]:
     """[[a0, b0], [a1, b1], ...] as a list of lists."""
-    return [[x, y] for x, y in builtins.zip(a, b)]
+    return [[x, y] for x, y in zip(a, b)]

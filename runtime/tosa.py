@@ -25,8 +25,7 @@ from .errors import LoweringError, Unsupported
 
 _ELEMENT = {
     torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
-    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
-    torch.uint8: "ui8", torch.bool: "i8",
+    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.bool: "i8",
 }
 
 
@@ -37,8 +36,6 @@ def element_type(dtype: torch.dtype, i1: bool = False) -> ir.Type:
     if dtype not in _ELEMENT:
         raise Unsupported(f"dtype {dtype} has no TOSA element type; supported: "
                           + ", ".join(str(d).removeprefix("torch.") for d in _ELEMENT))
-    if dtype == torch.uint8:
-        return ir.IntegerType.get_unsigned(8)
     return ir.Type.parse(_ELEMENT[dtype])
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.utils._pytree as pytree
 from torch import nn
+
 from torchtosa.capture import Captured, capture, capture_exported, make_backend
 from torchtosa.errors import InvalidInput, Unsupported
 
