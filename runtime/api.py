@@ -98,6 +98,8 @@ class CompiledFunction:
         return pytree.tree_unflatten(outputs, captured.out_spec)
 
     def _key(self, args: tuple, kwargs: dict) -> Signature:
+        if isinstance(self.fn, torch.export.ExportedProgram):
+            return ()  # one graph, its inputs' signature fixed at export time
         leaves, spec = pytree.tree_flatten((args, kwargs))
         sig = tuple((tuple(x.shape), x.dtype, x.device.type) if isinstance(x, torch.Tensor) else (type(x), x)
                     for x in leaves)
@@ -105,8 +107,6 @@ class CompiledFunction:
 
     def _flat_tensors(self, args: tuple, kwargs: dict, captured: Captured) -> list[torch.Tensor]:
         leaves, spec = pytree.tree_flatten((args, kwargs))
-        if isinstance(self.fn, torch.export.ExportedProgram):
-            return [x for x in leaves if isinstance(x, torch.Tensor)]
         if spec != captured.in_spec:
             raise InputMismatch(f"arguments are structured as {spec}, compiled for {captured.in_spec}")
         return [x for x in leaves if isinstance(x, torch.Tensor)]

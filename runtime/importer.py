@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from mlir import ir
 from mlir.dialects import func
+from mlir.passmanager import PassManager
 
 from .errors import InvalidInput, LoweringError, TorchTosaError, Unsupported
 from .execute import TensorSpec
@@ -103,6 +104,8 @@ def build_function(name: str, inputs: list[TensorSpec], body: Callable[[list[Ten
             module.operation.verify()
         except ir.MLIRError as err:
             raise LoweringError(f"the emitted TOSA does not verify: {err}") from None
+        # Drop what the lines emitted but nothing uses (e.g. an unused alpha constant).
+        PassManager.parse("builtin.module(func.func(canonicalize,cse))").run(module.operation)
     return Program(module, context, inputs, outputs, name=name)
 
 
