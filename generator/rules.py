@@ -73,20 +73,32 @@ def parse(text: Located, start: str = "start") -> Tree:
     try:
         return parser().parse(str(text), start=start)
     except UnexpectedInput as err:
-        col = getattr(err, "column", 1) or 1
-        if isinstance(err, UnexpectedEOF):
-            col = len(str(text)) + 1
-        raise text.error(_syntax_message(err), col - 1) from None
+        ends = isinstance(err, UnexpectedEOF) or (isinstance(err, UnexpectedToken) and err.token.type == "$END")
+        offset = len(str(text)) if ends else err.pos_in_stream or 0
+        raise text.error(_syntax_message(err, text, ends), offset) from None
 
 
-def _syntax_message(err: UnexpectedInput) -> str:
+# How an expected token reads in a message.
+_TOKEN_WORDS = {"NAME": "a name", "NUMBER": "a number", "STRING": "a string", "OPNAME": "dialect.op",
+                "COMPOP": "a comparison", "ADDOP": "'+', '-'", "MULOP": "'*', '/', '//', '%'"}
+
+
+def _syntax_message(err: UnexpectedInput, text: Located, ends: bool) -> str:
+    if ends:
+        after = text.source_line[text.col - 1 + len(text):].lstrip()[:1] if text.positions is None else ""
+        if after == ",":  # a plain YAML scalar inside [ ] or { } stops at a comma
+            return "the rule ends too early; inside YAML [ ] or { }, a comma ends an unquoted value: quote the rule"
+        return "the rule ends too early"
     if isinstance(err, UnexpectedCharacters):
+        if err.char == "\n":
+            return "a rule is one line: use a quoted or plain YAML value (folded lines keep equal indentation)"
         return f"unexpected character {err.char!r}; the rule language is a Python expression subset"
     if isinstance(err, UnexpectedToken):
-        if err.token.type == "$END":
-            return "the rule ends too early"
-        expected = sorted(e.strip('"') for e in err.expected if not e.startswith("__"))[:8]
-        return f"unexpected {err.token.value!r}; expected one of: {', '.join(expected)}"
+        terminals = {t.name: t.pattern for t in parser().terminals}
+        words = sorted({_TOKEN_WORDS.get(e) or (repr(terminals[e].value) if e in terminals else e)
+                        for e in err.expected})
+        call = "; only rule builtins are called, by name: len(x)" if err.token.type == "LPAR" else ""
+        return f"unexpected {err.token.value!r}{call}; expected one of: {', '.join(words)}"
     return "the rule ends too early"
 
 
@@ -107,8 +119,8 @@ class Compiler:
         self.text, self.scope, self.builders = text, scope, builders
 
     def error(self, node: Tree | Token, message: str) -> SpecError:
-        col = (node.column if isinstance(node, Token) else node.meta.column) or 1
-        return self.text.error(message, col - 1)
+        offset = node.start_pos if isinstance(node, Token) else node.meta.start_pos
+        return self.text.error(message, offset or 0)
 
     def compile(self, node: Tree | Token) -> str:
         return getattr(self, "c_" + node.data)(node)
@@ -128,7 +140,8 @@ class Compiler:
     def c_name(self, node: Tree) -> str:
         name = str(node.children[0])
         if name.startswith("__"):
-            raise self.error(node, f"name {name!r} is not allowed in a rule")
+            raise self.error(node, f"name {name!r} is not allowed in a rule; rules use the schema's "
+                             "arguments, let names, dtypes and the rule builtins")
         if name in self.scope.names:
             return py_name(name)
         if name in DTYPES:

@@ -8,6 +8,7 @@ so a spec that loads is a spec that renders.
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,8 +37,22 @@ def _expect(value: Any, kind: type | tuple[type, ...], what: str, at: Located) -
 def _check_keys(entry: dict, allowed: dict[str, str], name: Located) -> None:
     for key in entry:
         if key not in allowed:
-            valid = ", ".join(f"{k} ({v})" for k, v in allowed.items())
-            raise _where(key, name).error(f"unknown key {key!r} in {name}; valid keys: {valid}")
+            near = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise _where(key, name).error(f"unknown key {key!r} in {name}; {hint}valid keys: {', '.join(allowed)}")
+
+
+def _key(entry: dict, key: str, fallback: Located) -> Located:
+    """The Located text of `key` in `entry` (to point at it), else `fallback`."""
+    return next((k for k in entry if k == key and isinstance(k, Located)), fallback)
+
+
+def _identifier(name: Any, what: str, at: Located) -> str:
+    """A name that generated code uses as a Python identifier."""
+    name = _expect(name, str, what, at)
+    if not str(name).isidentifier() or str(name).startswith("__"):
+        raise _where(name, at).error(f"{what} {str(name)!r} must be a plain name (letters, digits, '_')")
+    return str(name)
 
 
 def _rule(value: Any, what: str, at: Located) -> Located:
@@ -139,10 +154,13 @@ def load_catalogue(path: Path) -> dict[str, TosaOp]:
         for item in _expect(entry.get("params", []), list, "params", name):
             item = _expect(item, str, "a param", name)
             pname, default = _parse_binding(item, scope) if "=" in item else (str(item).strip(), None)
+            if not pname.isidentifier() or pname.startswith("__"):
+                raise item.error(f"a param is a plain name or 'name = default', not {str(item)!r}")
             scope.names[pname] = "value"
             params.append((py_name(pname), default))
         attrs = []
         for attr, spec in _expect(entry.get("attrs", {}), dict, "attrs", name).items():
+            _identifier(attr, "an attribute", name)
             spec = _expect(spec, str, "an attribute kind", attr)
             kind, default = (_parse_binding(spec, scope) if "=" in spec else (spec.strip(), None))
             if kind not in ATTR_KINDS:
@@ -153,9 +171,9 @@ def load_catalogue(path: Path) -> dict[str, TosaOp]:
         mlir_operands = [_parse_binding(item, scope, builders=True) if "=" in item
                          else (py_name(item.lstrip("*")), None) for item in declared]
         i1 = [x if x == "out" else py_name(x) for x in map(str, entry.get("i1", []))]
-        for x in i1:
+        for x, given in zip(i1, entry.get("i1", []), strict=True):
             if x != "out" and x not in tensors:
-                raise _where(x, name).error(f"i1 names an operand or 'out', not {x!r}")
+                raise _where(given, name).error(f"i1 names an operand or 'out', not {x!r}")
         requires = [(compile_expr(rule, scope), compile_message(msg, scope), rule)
                     for rule, msg in _rule_map_list(entry.get("requires", []), name)]
         ops[str(name)] = TosaOp(
@@ -280,9 +298,11 @@ def _torch_overload(name: Located) -> Any:
     parts = str(name).split(".")
     if len(parts) != 3 or parts[0] != "aten":
         raise name.error("an entry's key is aten.<op>.<overload>, e.g. aten.add.Tensor")
-    packet = getattr(torch.ops.aten, parts[1], None)
-    if packet is None or not hasattr(torch.ops.aten, parts[1]):
-        raise name.error(f"torch has no op aten.{parts[1]}")
+    packet = getattr(torch.ops.aten, parts[1], None) if not parts[1].startswith("_" * 2) else None
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        names = torch._C._dispatch_get_all_op_names()
+        near = difflib.get_close_matches(parts[1], {n[6:].split(".")[0] for n in names if n.startswith("aten::")}, n=3)
+        raise name.error(f"torch has no op aten.{parts[1]}" + (f"; did you mean {', '.join(near)}?" if near else ""))
     if parts[2] not in packet.overloads():
         raise name.error(f"aten.{parts[1]} has no overload {parts[2]!r}; overloads: {', '.join(packet.overloads())}")
     return getattr(packet, parts[2])
@@ -376,7 +396,7 @@ def _parse_sample(item: Any, entry: OpDef, at: Located, dtypes: list[str]) -> li
                                         f"{', '.join(names)}; sample options: {', '.join(SAMPLE_KEYS)}")
     for a in entry.args:
         if a.default is REQUIRED and a.name not in item:
-            raise where.error(f"sample misses required argument {a.name!r} of {entry.op}")
+            raise where.error(f"sample misses required argument {a.name!r} of {entry.op}; add {a.name}: <value>")
     uses_t = any("T[" in str(v) for v in item.values())
     out = []
     for dt in (dtypes if uses_t else [None]):
@@ -419,15 +439,19 @@ def load_entry(name: Located, entry: Any, family: str, catalogue: dict[str, Tosa
     overload = _torch_overload(name)
     schema = _schema_text(overload)
     given = _expect(entry.get("schema"), str, "schema", name) if "schema" in entry else None
-    if given is None or " ".join(given.split()) != schema:
-        at = given if given is not None else name
-        raise at.error(f"schema does not match torch; write:\n    schema: {schema}")
+    if given is None:
+        raise name.error(f"{name} has no schema; write: schema: {schema}")
+    if " ".join(given.split()) != schema:
+        pairs = enumerate(zip(given, schema, strict=False))
+        diff = next((i for i, (a, b) in pairs if a != b), min(len(given), len(schema)))
+        raise given.error(f"schema does not match torch's; write: {schema}", diff)
     args = _schema_args(overload)
     scope = Scope({a.name: a.kind for a in args})
     lets = []
     for key, rule in _expect(entry.get("let", {}), dict, "let", name).items():
+        _identifier(key, "a let name", name)
         if key in scope.names:
-            raise _where(key, name).error(f"let {key!r} shadows an argument")
+            raise _where(key, name).error(f"let {key!r} shadows an argument or an earlier let; pick a new name")
         rule = _rule(rule, f"let {key}", _where(key, name))
         lets.append((py_name(str(key)), compile_expr(rule, scope), rule.where))
         scope.names[str(key)] = "value"
@@ -456,7 +480,9 @@ def load_entry(name: Located, entry: Any, family: str, catalogue: dict[str, Tosa
                               compile_expr(_rule(rs["dtype"], "dtype", name), scope)))
     n_returns = len(overload._schema.returns)
     if len(results) != n_returns:
-        raise name.error(f"torch's {name} returns {n_returns} value(s); the spec declares {len(results)}")
+        how = "shape: and dtype:" if n_returns == 1 else f"returns: with {n_returns} results in torch's order"
+        at = _key(entry, "returns", _key(entry, "shape", name))
+        raise at.error(f"torch's {name} returns {n_returns} value(s); the spec declares {len(results)}: give {how}")
     lines: list[Line] = []
     defined: dict[str, str] = {}
     emit_scope = scope.child()
@@ -469,15 +495,17 @@ def load_entry(name: Located, entry: Any, family: str, catalogue: dict[str, Tosa
         raise name.error(f"{name} has no emit lines")
     for r in results:
         if r.name not in defined:
-            raise name.error(f"the emit lines never define result {r.name!r}")
+            raise _key(entry, "emit", name).error(f"the emit lines never define result {r.name!r}; "
+                                                  f"assign it in the last line: {r.name} = tosa.<op>(...)")
     opdef = OpDef(
         op=str(name), where=name.where, family=family, schema=schema, doc=str(entry.get("doc", "")),
-        registry=str(entry.get("registry", "tosa")), args=args, lets=lets, requires=requires,
+        registry=_identifier(entry.get("registry", "tosa"), "registry", name), args=args, lets=lets, requires=requires,
         limits=limits, results=results, lines=lines, tolerance=entry.get("tolerance"))
-    dtypes = [str(d) for d in entry.get("sample_dtypes", ["f32"])]
+    dtypes = _expect(entry.get("sample_dtypes", ["f32"]), list, "sample_dtypes", name)
     for d in dtypes:
         if d not in DTYPES:
-            raise _where(d, name).error(f"unknown dtype {d!r}; dtypes: {', '.join(DTYPES)}")
+            raise _where(d, name).error(f"unknown dtype {str(d)!r}; dtypes: {', '.join(DTYPES)}")
+    dtypes = [str(d) for d in dtypes]
     samples = _expect(entry.get("samples", []), list, "samples", name)
     if not samples:
         raise name.error(f"{name} has no samples; every op is tested from its samples")
@@ -493,6 +521,8 @@ def load_opdefs(paths: list[Path], catalogue: dict[str, TosaOp]) -> list[OpDef]:
     for path in paths:
         data = load_yaml(path) or {}
         top = Located("", str(path), 1, 1)
+        if not path.stem.isidentifier():
+            raise top.error(f"a family file is named like a Python module (e.g. shape_ops.yaml), not {path.name!r}")
         for name, entry in _expect(data, dict, path.name, top).items():
             name = _expect(name, str, "an op name", top)
             opdef = load_entry(name, entry, path.stem, catalogue)
