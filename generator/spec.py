@@ -232,6 +232,7 @@ class Line:
     first: str  # first operand source, the value of a guarded line that does not run
     where: str
     text: str
+    loop: str | None = None  # "for x in xs" of a list line: the name is a list of tensors
 
 
 @dataclass
@@ -239,6 +240,7 @@ class Result:
     name: str
     shape: str
     dtype: str
+    many: bool = False  # a Tensor[] result: `shape` is a list of shapes, the name a list of tensors
 
 
 @dataclass
@@ -318,6 +320,16 @@ def _schema_args(overload: Any) -> list[Arg]:
 def _parse_emit(text: Located, scope: Scope, catalogue: dict[str, TosaOp], defined: dict[str, str]) -> Line:
     tree = parse(text, "emit_line")
     target, opname, *rest = tree.children
+    loop = None
+    if tree.data == "emit_list":  # [op(...) {...} if guard for targets in iterable]
+        *rest, targets, iterable = rest
+        names = [str(t) for t in targets.children]
+        for var, vname in zip(targets.children, names, strict=True):
+            if vname.startswith("__") or vname in DTYPES or vname in scope.names:
+                raise Compiler(text, scope).error(var, f"{vname} cannot be a loop variable here")
+        loop = (f"for {', '.join(py_name(n) for n in names)} in "
+                f"{strip_parens(Compiler(text, scope).compile(iterable))}")
+        scope = scope.child(**dict.fromkeys(names, "value"))
     attrs_tree = next((c for c in rest if isinstance(c, Tree) and c.data == "attrs"), None)
     guard_tree = rest[-1] if rest and rest[-1] is not None and rest[-1] is not attrs_tree else None
     operands = [c for c in rest if c is not None and c is not attrs_tree and c is not guard_tree]
@@ -363,7 +375,7 @@ def _parse_emit(text: Located, scope: Scope, catalogue: dict[str, TosaOp], defin
         raise comp.error(opname, "a guarded line needs an operand: when the guard fails, "
                          "the name takes its first operand's value")
     return Line(py_name(str(target)), op, args, kwargs, guard, args[0].lstrip("*") if args else "",
-                text.where, str(text))
+                text.where, str(text), loop)
 
 
 def _parse_sample(item: Any, entry: OpDef, at: Located, dtypes: list[str]) -> list[Sample]:
@@ -392,7 +404,8 @@ def _sample_value(value: Any, arg: Arg, dt: str | None, at: Located) -> Any:
         return _tensor_sample(_expect(value, str, f"sample {arg.name}", at), dt)
     if arg.kind == "tensors":
         items = _expect(value, list, arg.name, at)
-        return [_tensor_sample(_expect(v, str, f"sample {arg.name}", at), dt) for v in items]
+        return [None if v is None and arg.type == "Tensor?[]" else
+                _tensor_sample(_expect(v, str, f"sample {arg.name}", at), dt) for v in items]
     if arg.type.rstrip("?") == "ScalarType" and value is not None:
         if str(value) not in DTYPES:
             raise at.error(f"a dtype sample is one of {', '.join(DTYPES)}")
@@ -455,6 +468,10 @@ def load_entry(name: Located, entry: Any, family: str, catalogue: dict[str, Tosa
         results.append(Result(py_name(str(rname)), compile_expr(_rule(rs["shape"], "shape", name), scope),
                               compile_expr(_rule(rs["dtype"], "dtype", name), scope)))
     n_returns = len(overload._schema.returns)
+    if [str(r.type) for r in overload._schema.returns] == ["Tensor[]"]:
+        results[0].many = True  # one list result: its shape rule gives one shape per tensor
+    elif any(str(r.type) != "Tensor" for r in overload._schema.returns):
+        raise name.error(f"{name} returns {overload._schema.returns}; only Tensors or one Tensor[] are supported")
     if len(results) != n_returns:
         raise name.error(f"torch's {name} returns {n_returns} value(s); the spec declares {len(results)}")
     lines: list[Line] = []
@@ -464,12 +481,15 @@ def load_entry(name: Located, entry: Any, family: str, catalogue: dict[str, Tosa
         line = _parse_emit(_expect(text, str, "an emit line", name), emit_scope, catalogue, defined)
         lines.append(line)
         defined[line.target] = line.where
-        emit_scope.names[line.target] = "tensor"
+        emit_scope.names[line.target] = "tensors" if line.loop else "tensor"
     if not lines:
         raise name.error(f"{name} has no emit lines")
     for r in results:
         if r.name not in defined:
             raise name.error(f"the emit lines never define result {r.name!r}")
+        if r.many != (emit_scope.names[r.name] == "tensors"):
+            raise name.error(f"result {r.name!r} must be " + ("a list line [tosa.op(...) for ...]" if r.many else
+                             "a single tensor, not a list line"))
     opdef = OpDef(
         op=str(name), where=name.where, family=family, schema=schema, doc=str(entry.get("doc", "")),
         registry=str(entry.get("registry", "tosa")), args=args, lets=lets, requires=requires,

@@ -174,7 +174,10 @@ class Importer:
                 raise
             self.check(node, results, entry.where)
             self.served[(op, entry.registry)] += 1
-            return results[0] if len(node.target._schema.returns) == 1 else tuple(results)
+            returns = [str(r.type) for r in node.target._schema.returns]
+            if returns == ["Tensor[]"]:
+                return list(results)  # a list result: its tensors, flat
+            return results[0] if len(returns) == 1 else tuple(results)
         raise Unsupported(f"{op} ({where(node)}) — " + "; ".join(reasons))
 
     def arguments(self, node: torch.fx.Node) -> list[Any]:
