@@ -311,9 +311,9 @@ def _arg_kind(type_str: str) -> tuple[str, str]:
 def _schema_args(overload: Any) -> list[Arg]:
     out = []
     for a in overload._schema.arguments:
-        kind, annotation = _arg_kind(str(a.type))
+        kind, annotation = _arg_kind(a.real_type.str())
         default = a.default_value if a.has_default_value() else REQUIRED
-        out.append(Arg(a.name, py_name(a.name), str(a.type), kind, default, annotation))
+        out.append(Arg(a.name, py_name(a.name), a.real_type.str(), kind, default, annotation))
     return out
 
 
@@ -468,9 +468,9 @@ def load_entry(name: Located, entry: Any, family: str, catalogue: dict[str, Tosa
         results.append(Result(py_name(str(rname)), compile_expr(_rule(rs["shape"], "shape", name), scope),
                               compile_expr(_rule(rs["dtype"], "dtype", name), scope)))
     n_returns = len(overload._schema.returns)
-    if [str(r.type) for r in overload._schema.returns] == ["Tensor[]"]:
+    if [r.type.str() for r in overload._schema.returns] == ["Tensor[]"]:
         results[0].many = True  # one list result: its shape rule gives one shape per tensor
-    elif any(str(r.type) != "Tensor" for r in overload._schema.returns):
+    elif any(r.type.str() != "Tensor" for r in overload._schema.returns):
         raise name.error(f"{name} returns {overload._schema.returns}; only Tensors or one Tensor[] are supported")
     if len(results) != n_returns:
         raise name.error(f"torch's {name} returns {n_returns} value(s); the spec declares {len(results)}")

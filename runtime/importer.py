@@ -174,7 +174,7 @@ class Importer:
                 raise
             self.check(node, results, entry.where)
             self.served[(op, entry.registry)] += 1
-            returns = [str(r.type) for r in node.target._schema.returns]
+            returns = [r.type.str() for r in node.target._schema.returns]
             if returns == ["Tensor[]"]:
                 return list(results)  # a list result: its tensors, flat
             return results[0] if len(returns) == 1 else tuple(results)
@@ -193,7 +193,7 @@ class Importer:
             else:
                 raise LoweringError(f"{node.target} ({where(node)}) misses argument {arg.name}")
             value = self.value(value, node)
-            if str(arg.type) in ("Tensor", "Tensor?") and isinstance(value, bool | int | float):
+            if arg.type.str() in ("Tensor", "Tensor?") and isinstance(value, bool | int | float):
                 value = Builder(str(node.target)).wrap_number(value)
             out.append(value)
         return out
