@@ -250,6 +250,7 @@ class Line:
     first: str  # first operand source, the value of a guarded line that does not run
     where: str
     text: str
+    loop: str | None = None  # "for x in xs" of a list line: the name is a list of tensors
 
 
 @dataclass
@@ -257,6 +258,7 @@ class Result:
     name: str
     shape: str
     dtype: str
+    many: bool = False  # a Tensor[] result: `shape` is a list of shapes, the name a list of tensors
 
 
 @dataclass
@@ -329,15 +331,25 @@ def _arg_kind(type_str: str) -> tuple[str, str]:
 def _schema_args(overload: Any) -> list[Arg]:
     out = []
     for a in overload._schema.arguments:
-        kind, annotation = _arg_kind(str(a.type))
+        kind, annotation = _arg_kind(a.real_type.str())
         default = a.default_value if a.has_default_value() else REQUIRED
-        out.append(Arg(a.name, py_name(a.name), str(a.type), kind, default, annotation))
+        out.append(Arg(a.name, py_name(a.name), a.real_type.str(), kind, default, annotation))
     return out
 
 
 def _parse_emit(text: Located, scope: Scope, catalogue: dict[str, TosaOp], defined: dict[str, str]) -> Line:
     tree = parse(text, "emit_line")
     target, opname, *rest = tree.children
+    loop = None
+    if tree.data == "emit_list":  # [op(...) {...} if guard for targets in iterable]
+        *rest, targets, iterable = rest
+        names = [str(t) for t in targets.children]
+        for var, vname in zip(targets.children, names, strict=True):
+            if vname.startswith("__") or vname in DTYPES or vname in scope.names:
+                raise Compiler(text, scope).error(var, f"{vname} cannot be a loop variable here")
+        loop = (f"for {', '.join(py_name(n) for n in names)} in "
+                f"{strip_parens(Compiler(text, scope).compile(iterable))}")
+        scope = scope.child(**dict.fromkeys(names, "value"))
     attrs_tree = next((c for c in rest if isinstance(c, Tree) and c.data == "attrs"), None)
     guard_tree = rest[-1] if rest and rest[-1] is not None and rest[-1] is not attrs_tree else None
     operands = [c for c in rest if c is not None and c is not attrs_tree and c is not guard_tree]
@@ -383,7 +395,7 @@ def _parse_emit(text: Located, scope: Scope, catalogue: dict[str, TosaOp], defin
         raise comp.error(opname, "a guarded line needs an operand: when the guard fails, "
                          "the name takes its first operand's value")
     return Line(py_name(str(target)), op, args, kwargs, guard, args[0].lstrip("*") if args else "",
-                text.where, str(text))
+                text.where, str(text), loop)
 
 
 def _parse_sample(item: Any, entry: OpDef, at: Located, dtypes: list[str]) -> list[Sample]:
@@ -412,7 +424,8 @@ def _sample_value(value: Any, arg: Arg, dt: str | None, at: Located) -> Any:
         return _tensor_sample(_expect(value, str, f"sample {arg.name}", at), dt)
     if arg.kind == "tensors":
         items = _expect(value, list, arg.name, at)
-        return [_tensor_sample(_expect(v, str, f"sample {arg.name}", at), dt) for v in items]
+        return [None if v is None and arg.type == "Tensor?[]" else
+                _tensor_sample(_expect(v, str, f"sample {arg.name}", at), dt) for v in items]
     if arg.type.rstrip("?") == "ScalarType" and value is not None:
         if str(value) not in DTYPES:
             raise at.error(f"a dtype sample is one of {', '.join(DTYPES)}")
@@ -479,6 +492,10 @@ def load_entry(name: Located, entry: Any, family: str, catalogue: dict[str, Tosa
         results.append(Result(py_name(str(rname)), compile_expr(_rule(rs["shape"], "shape", name), scope),
                               compile_expr(_rule(rs["dtype"], "dtype", name), scope)))
     n_returns = len(overload._schema.returns)
+    if [r.type.str() for r in overload._schema.returns] == ["Tensor[]"]:
+        results[0].many = True  # one list result: its shape rule gives one shape per tensor
+    elif any(r.type.str() != "Tensor" for r in overload._schema.returns):
+        raise name.error(f"{name} returns {overload._schema.returns}; only Tensors or one Tensor[] are supported")
     if len(results) != n_returns:
         how = "shape: and dtype:" if n_returns == 1 else f"returns: with {n_returns} results in torch's order"
         at = _key(entry, "returns", _key(entry, "shape", name))
@@ -490,13 +507,17 @@ def load_entry(name: Located, entry: Any, family: str, catalogue: dict[str, Tosa
         line = _parse_emit(_expect(text, str, "an emit line", name), emit_scope, catalogue, defined)
         lines.append(line)
         defined[line.target] = line.where
-        emit_scope.names[line.target] = "tensor"
+        emit_scope.names[line.target] = "tensors" if line.loop else "tensor"
     if not lines:
         raise name.error(f"{name} has no emit lines")
     for r in results:
         if r.name not in defined:
             raise _key(entry, "emit", name).error(f"the emit lines never define result {r.name!r}; "
                                                   f"assign it in the last line: {r.name} = tosa.<op>(...)")
+        if r.many != (emit_scope.names[r.name] == "tensors"):
+            raise _key(entry, "emit", name).error(
+                f"result {r.name!r} must be " + ("a list line [tosa.op(...) for ...]" if r.many else
+                                                 "a single tensor, not a list line"))
     opdef = OpDef(
         op=str(name), where=name.where, family=family, schema=schema, doc=str(entry.get("doc", "")),
         registry=_identifier(entry.get("registry", "tosa"), "registry", name), args=args, lets=lets, requires=requires,

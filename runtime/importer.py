@@ -177,7 +177,10 @@ class Importer:
                 raise
             self.check(node, results, entry.where)
             self.served[(op, entry.registry)] += 1
-            return results[0] if len(node.target._schema.returns) == 1 else tuple(results)
+            returns = [r.type.str() for r in node.target._schema.returns]
+            if returns == ["Tensor[]"]:
+                return list(results)  # a list result: its tensors, flat
+            return results[0] if len(returns) == 1 else tuple(results)
         raise Unsupported(f"{op} ({where(node)}) — " + "; ".join(reasons))
 
     def arguments(self, node: torch.fx.Node) -> list[Any]:
@@ -193,7 +196,7 @@ class Importer:
             else:
                 raise LoweringError(f"{node.target} ({where(node)}) misses argument {arg.name}")
             value = self.value(value, node)
-            if str(arg.type) in ("Tensor", "Tensor?") and isinstance(value, bool | int | float):
+            if arg.type.str() in ("Tensor", "Tensor?") and isinstance(value, bool | int | float):
                 value = Builder(str(node.target)).wrap_number(value)
             out.append(value)
         return out

@@ -202,3 +202,77 @@ def repeat_shape(shape: Sequence[int], repeats: Sequence[int]) -> list[int]:
 def pairs(a: Sequence[Any], b: Sequence[Any]) -> list[list[Any]]:
     """[[a0, b0], [a1, b1], ...] as a list of lists."""
     return [[x, y] for x, y in zip(a, b)]
+    return [[x, y] for x, y in builtins.zip(a, b)]
+
+
+# ---- added by shape
+
+
+def promote_all(tensors: Sequence[Any]) -> torch.dtype:
+    """torch's type promotion over a list of tensors (as torch.cat computes its dtype)."""
+    out = tensors[0].dtype
+    for t in tensors[1:]:
+        out = torch.promote_types(out, t.dtype)
+    return out
+
+
+def broadcast_all(shapes: Sequence[Sequence[int]]) -> list[int] | None:
+    """The broadcast shape of any number of shapes, or None if they do not broadcast."""
+    out: list[int] = []
+    for s in shapes:
+        if not broadcastable(out, s):
+            return None
+        out = broadcast(out, s)
+    return out
+
+
+def expand_shape(shape: Sequence[int], size: Sequence[int]) -> list[int] | None:
+    """aten.expand's result: -1 keeps a dim, new dims lead; None if torch rejects it."""
+    lead = builtins.len(size) - builtins.len(shape)
+    if lead < 0:
+        return None
+    out = []
+    for i, s in builtins.enumerate(size):
+        if i < lead:
+            if s < 0:
+                return None
+            out.append(s)
+            continue
+        have = shape[i - lead]
+        target = have if s == -1 else s
+        if target != have and have != 1:
+            return None
+        out.append(target)
+    return out
+
+
+def strides(shape: Sequence[int]) -> list[int]:
+    """Row-major (contiguous) element strides of a shape."""
+    out, acc = [], 1
+    for s in builtins.reversed(shape):
+        out.append(acc)
+        acc *= s
+    return out[::-1]
+
+
+def flat_offsets(shape: Sequence[int], index_shape: Sequence[int], dim: int) -> list[int]:
+    """For each position p of index_shape (row-major), the flat offset into a contiguous
+    tensor of `shape` of p with coordinate `dim` set to 0: what gather/scatter add to
+    index * strides(shape)[dim] to address elements of the flattened tensor."""
+    st = strides(shape)
+    out = [0]
+    for d, n in builtins.enumerate(index_shape):
+        step = 0 if d == dim else st[d]
+        out = [o + i * step for o in out for i in builtins.range(n)]
+    return out
+
+
+def window_indices(count: int, size: int, step: int, start: int = 0) -> list[int]:
+    """[start + i * step + j for i < count, j < size]: unfold's and strided slices' positions."""
+    return [start + i * step + j for i in builtins.range(count) for j in builtins.range(size)]
+
+
+def slice_mask(size: int, start: int, step: int, length: int) -> list[int]:
+    """1 at positions start, start + step, ... (length of them) of range(size), else 0."""
+    hit = {start + i * step for i in builtins.range(length)}
+    return [1 if p in hit else 0 for p in builtins.range(size)]

@@ -93,7 +93,7 @@ def describe(e: OpDef, args: list[Any]) -> list[Any]:
 def fake_results(e: OpDef, args: list[Any]) -> list[torch.Tensor]:
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         fakes = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else
-                 [mode.from_tensor(x) for x in a] if isinstance(a, list) and a and isinstance(a[0], torch.Tensor)
+                 [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in a] if isinstance(a, list)
                  else a for a in args]
         return call_torch(e, fakes)
 
