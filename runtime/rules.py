@@ -276,3 +276,73 @@ def slice_mask(size: int, start: int, step: int, length: int) -> list[int]:
     """1 at positions start, start + step, ... (length of them) of range(size), else 0."""
     hit = {start + i * step for i in builtins.range(length)}
     return [1 if p in hit else 0 for p in builtins.range(size)]
+# ---- added by linear/conv
+
+def hw(values: Sequence[int], one: int, spatial: int) -> list[int]:
+    """The [h, w] pair of a 1-D or 2-D conv/pool parameter: a 1-value list is used for
+    both dims, a 1-D op (spatial == 1) runs as 2-D over a [1, L] plane with `one` for h."""
+    if not values:
+        return [one, one]
+    if spatial == 1:
+        return [one, values[-1]]
+    return [values[0], values[-1]]
+
+
+def pool_windows(h: int, w: int, kh: int, kw: int, sh: int, sw: int, ph: int, pw: int,
+                 dh: int, dw: int, oh: int, ow: int) -> list[list[int]]:
+    """The windows of a 2-D max pooling of an [h, w] plane, for a gather from the plane
+    flattened with one padding slot appended (index h * w).
+
+    Returns [taps, sources], each oh * ow * kh * kw long: per output (row-major) its
+    taps, in-bounds ones first in row-major order and padding ones after, so that an
+    argmax (first maximum) picks what torch's scan picks (strictly greater replaces;
+    an all -inf window reports its first in-bounds element). `sources` is each tap's
+    flat input index; padding taps get torch's window start."""
+    taps: list[int] = []
+    sources: list[int] = []
+    for i in builtins.range(oh):
+        for j in builtins.range(ow):
+            hs, ws = i * sh - ph, j * sw - pw
+            while hs < 0:
+                hs += dh
+            while ws < 0:
+                ws += dw
+            start = hs * w + ws
+            inside, outside = [], []
+            for a in builtins.range(kh):
+                for c in builtins.range(kw):
+                    y, x = i * sh - ph + a * dh, j * sw - pw + c * dw
+                    if 0 <= y < h and 0 <= x < w:
+                        inside.append(y * w + x)
+                    else:
+                        outside.append(start)
+            taps += inside + [h * w] * builtins.len(outside)
+            sources += inside + outside
+    return [taps, sources]
+
+
+def adaptive_windows(h: int, w: int, oh: int, ow: int) -> list[Any]:
+    """The windows of a 2-D adaptive pooling of an [h, w] plane (rows floor(i*h/oh) to
+    ceil((i+1)*h/oh), as torch), for a gather from the plane flattened with one padding
+    slot appended (index h * w). Returns [taps, sources, counts, k]: each output's taps
+    in row-major order padded with the slot to the largest window size k; sources are
+    the flat input indices (a padding tap repeats the window's first); counts are the
+    window sizes."""
+    def bounds(i: int, size: int, out: int) -> tuple[int, int]:
+        return (i * size) // out, -(-((i + 1) * size) // out)
+
+    k = 0
+    windows = []
+    for i in builtins.range(oh):
+        y0, y1 = bounds(i, h, oh)
+        for j in builtins.range(ow):
+            x0, x1 = bounds(j, w, ow)
+            cells = [y * w + x for y in builtins.range(y0, y1) for x in builtins.range(x0, x1)]
+            windows.append(cells)
+            k = builtins.max(k, builtins.len(cells))
+    taps: list[int] = []
+    sources: list[int] = []
+    for cells in windows:
+        taps += cells + [h * w] * (k - builtins.len(cells))
+        sources += cells + [cells[0]] * (k - builtins.len(cells))
+    return [taps, sources, [builtins.len(c) for c in windows], k]
