@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -77,6 +78,8 @@ class CompiledFunction:
         with self.lock:
             hit = self.compiled.get(key)
         if hit is None:
+            if not isinstance(self.fn, torch.export.ExportedProgram):
+                _check_call(self.fn, args, kwargs)
             captured = _capture(self.fn, args, kwargs)
             program, native = CACHE.get(captured.gm)
             hit = (captured, program, native)
@@ -110,6 +113,25 @@ class CompiledFunction:
         if spec != captured.in_spec:
             raise InputMismatch(f"arguments are structured as {spec}, compiled for {captured.in_spec}")
         return [x for x in leaves if isinstance(x, torch.Tensor)]
+
+
+def _check_call(fn: Callable | torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    """InputMismatch for calls Python or the native code would reject: arity, non-CPU tensors."""
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):  # a builtin or C function: let tracing tell
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as err:
+            raise InputMismatch(f"{getattr(target, '__qualname__', target)}: {err}") from None
+    tensors = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+    for i, x in enumerate(tensors):
+        if x.device.type != "cpu" or x.layout is not torch.strided:
+            raise InputMismatch(f"tensor input {i} is on {x.device} with layout {x.layout}; "
+                                "torchtosa runs strided CPU tensors")
 
 
 def compile(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args: Any,
