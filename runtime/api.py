@@ -104,8 +104,11 @@ class CompiledFunction:
         if isinstance(self.fn, torch.export.ExportedProgram):
             return ()  # one graph, its inputs' signature fixed at export time
         leaves, spec = pytree.tree_flatten((args, kwargs))
-        sig = tuple((tuple(x.shape), x.dtype, x.device.type) if isinstance(x, torch.Tensor) else (type(x), x)
-                    for x in leaves)
+        # The same tensor passed twice is traced as one input: which leaf each tensor first
+        # appeared as is part of the signature, so f(a, b) never reuses the graph of f(a, a).
+        first: dict[int, int] = {}
+        sig = tuple((tuple(x.shape), x.dtype, x.device.type, first.setdefault(id(x), i))
+                    if isinstance(x, torch.Tensor) else (type(x), x) for i, x in enumerate(leaves))
         return (spec, sig)
 
     def _flat_tensors(self, args: tuple, kwargs: dict, captured: Captured) -> list[torch.Tensor]:
