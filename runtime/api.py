@@ -8,10 +8,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import has_free_symbols
 
 from .capture import Captured, capture, capture_exported, make_backend
-from .errors import InputMismatch
+from .errors import InputMismatch, Unsupported
 from .execute import NativeFunction, TensorSpec
 from .importer import Program, import_graph
 
@@ -147,8 +150,44 @@ def compile(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
 
 
 def _compile_graph(captured: Captured) -> Callable[..., list[torch.Tensor]]:
+    placeholders = [n.meta.get("val") for n in captured.gm.graph.find_nodes(op="placeholder")]
+    if any(not isinstance(v, torch.Tensor) or has_free_symbols(v) for v in placeholders):
+        return _Specializing(captured.gm)  # torch.compile made sizes dynamic: compile per concrete shape
     _, native = CACHE.get(captured.gm)
     return native
+
+
+class _Specializing:
+    """A graph with symbolic sizes, run as native code specialised to each call's concrete shapes.
+
+    torch.compile passes such graphs after a shape change (automatic dynamic shapes) or with
+    `dynamic=True`; the graph's int arguments are the sizes and are not passed to native code.
+    """
+
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        self.gm = gm
+        self.natives: dict[tuple[Any, ...], NativeFunction] = {}
+
+    def __call__(self, *args: Any) -> list[torch.Tensor]:
+        key = tuple((tuple(a.shape), a.dtype, a.device.type) if isinstance(a, torch.Tensor) else a for a in args)
+        native = self.natives.get(key)
+        if native is None:
+            native = self.natives.setdefault(key, CACHE.get(_static_graph(self.gm, args))[1])
+        return native(*[a for a in args if isinstance(a, torch.Tensor)])
+
+
+def _static_graph(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> torch.fx.GraphModule:
+    """`gm` retraced for these concrete arguments: static shapes, only tensor placeholders."""
+    with fx_traceback.preserve_node_meta():  # keep each node's user stack trace for messages
+        static = make_fx(torch.fx.Interpreter(gm).run, tracing_mode="fake")(*args)
+    for node in static.graph.find_nodes(op="placeholder"):
+        if not isinstance(node.meta.get("val"), torch.Tensor):
+            if node.users:
+                raise Unsupported(f"graph input {node.name} ({type(node.meta.get('val')).__name__}) "
+                                  "is used as a value; only static-shape tensor programs are supported")
+            static.graph.erase_node(node)
+    static.recompile()
+    return static
 
 
 torchtosa_backend = make_backend(_compile_graph)
