@@ -1,6 +1,6 @@
 """The user-facing API: torchtosa.to_tosa, torchtosa.compile and torch.compile(backend="torchtosa").
 
-Programs use only ops that have specs (aten.add.Tensor with alpha and Python numbers);
+Programs use a few ops that have specs (add, mul, sub with alpha and Python numbers);
 anything else must fail with a clear torchtosa error, never a crash or a wrong answer.
 """
 
@@ -13,16 +13,17 @@ import threading
 
 import pytest
 import torch
+from mlir import ir
+
 import torchtosa
 import torchtosa._generated
-from mlir import ir
 from torchtosa import InputMismatch, TorchTosaError, Unsupported
 from torchtosa import registry as registry_module
 from torchtosa.api import CACHE
 
 
 def foo(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return x + y + x  # the README's example is x * y + x; add is the op with a spec today
+    return x * y + x  # the README's example
 
 
 def line_of(fn: object, text: str) -> int:
@@ -48,7 +49,7 @@ def test_readme_example(xy: tuple[torch.Tensor, torch.Tensor], compiled_foo: tor
     x, y = xy
     prog = torchtosa.to_tosa(foo, x, y)
     text = str(prog)
-    assert "func.func @forward" in text and "tosa.add" in text
+    assert "func.func @forward" in text and "tosa.add" in text and "tosa.mul" in text
     assert isinstance(prog.module, ir.Module)
     torch.testing.assert_close(compiled_foo(x, y), foo(x, y))
     torch.testing.assert_close(torch.compile(foo, backend="torchtosa")(x, y), foo(x, y))
@@ -58,8 +59,8 @@ def test_python_numbers_alpha_and_promotion() -> None:
     x, b, i = torch.randn(3, 4), torch.randn(3, 4), torch.randint(-5, 5, (3, 4), dtype=torch.int32)
 
     def numbers(a: torch.Tensor, b: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        # float number, int number on the left, alpha, int32 + float32, int tensor + float number
-        return a + 2.5, 1 + i, torch.add(a, b, alpha=2), i + a, i + 2.5
+        # float number, int number on the left, alpha, int32 + float32, int tensor * float number
+        return a + 2.5, 1 + i, torch.add(a, b, alpha=2), i + a, i * 2.5, a - b
 
     got, want = torchtosa.compile(numbers, x, b, i)(x, b, i), numbers(x, b, i)
     assert [g.dtype for g in got] == [w.dtype for w in want]
