@@ -125,3 +125,13 @@ def test_conv_nan_stays_in_its_receptive_field() -> None:
     for groups, weight in [(1, torch.randn(6, 4, 3, 3)), (2, torch.randn(6, 2, 3, 3)), (4, torch.randn(8, 1, 3, 3))]:
         check("aten.convolution.default", x, weight, torch.randn(weight.shape[0]), [1, 1], [1, 1], [1, 1],
               False, [0, 0], groups)
+
+
+def test_f16_transposed_conv_is_the_f32_result_rounded_once() -> None:
+    # torch's CPU f16 transposed convolution rounds partial sums to f16; ours runs in f32
+    x, w, b = torch.randn(2, 4, 5, 6) * 2, torch.randn(4, 3, 3, 3) * 2, torch.randn(3)
+    x16, w16, b16 = x.half(), w.half(), b.half()
+    rest = ([2, 2], [1, 1], [1, 1], True, [1, 1], 1)
+    got = run("aten.convolution.default", x16, w16, b16, *rest)[0]
+    expected = A.convolution(x16.float(), w16.float(), b16.float(), *rest).half()
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)

@@ -99,3 +99,10 @@ def test_conv1d_and_1d_pools() -> None:
 def test_max_pool_indices() -> None:
     check(lambda x: F.max_pool2d(x, 3, 2, 1, ceil_mode=True, return_indices=True), torch.randn(2, 3, 9, 9))
     check(lambda x: F.adaptive_max_pool2d(x, (3, 4), return_indices=True), torch.randn(2, 3, 9, 9))
+
+
+def test_transposed_convolutions() -> None:
+    w2, w1, b = torch.randn(4, 3, 4, 4), torch.randn(4, 3, 5), torch.randn(3)
+    check(lambda x: F.conv_transpose2d(x, w2, b, stride=2, padding=1), torch.randn(2, 4, 6, 7))
+    check(lambda x: F.conv_transpose2d(x, w2, stride=2, padding=1, output_padding=1), torch.randn(2, 4, 6, 7))
+    check(lambda x: F.conv_transpose1d(x, w1, b, stride=3, padding=2, output_padding=1), torch.randn(2, 4, 9))
