@@ -304,12 +304,23 @@ def _arg_kind(type_str: str) -> tuple[str, str]:
     return "scalar", py + (" | None" if type_str.endswith("?") else "")
 
 
+def _type_text(t: Any) -> str:
+    """An argument type as the schema prints it ("Tensor?", "int[]", "ScalarType?"): str() of
+    torch's type objects gives "Optional[int]" for ScalarType? in this torch."""
+    if isinstance(t, torch.OptionalType):
+        return _type_text(t.getElementType()) + "?"
+    if isinstance(t, torch.ListType):
+        return _type_text(t.getElementType()) + "[]"
+    return {"number": "Scalar"}.get(str(t), str(t))
+
+
 def _schema_args(overload: Any) -> list[Arg]:
     out = []
     for a in overload._schema.arguments:
-        kind, annotation = _arg_kind(str(a.type))
+        text = _type_text(a.real_type)
+        kind, annotation = _arg_kind(text)
         default = a.default_value if a.has_default_value() else REQUIRED
-        out.append(Arg(a.name, py_name(a.name), str(a.type), kind, default, annotation))
+        out.append(Arg(a.name, py_name(a.name), text, kind, default, annotation))
     return out
 
 

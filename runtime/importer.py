@@ -190,7 +190,7 @@ class Importer:
             else:
                 raise LoweringError(f"{node.target} ({where(node)}) misses argument {arg.name}")
             value = self.value(value, node)
-            if str(arg.type) in ("Tensor", "Tensor?") and isinstance(value, bool | int | float):
+            if str(arg.type) in ("Tensor", "Tensor?", "Optional[Tensor]") and isinstance(value, bool | int | float):
                 value = Builder(str(node.target)).wrap_number(value)
             out.append(value)
         return out

@@ -45,7 +45,8 @@ def lower_op(entry: Entry, args: list[Any]) -> Program:
         b = Builder(entry.where)
         schema = _schema(entry).arguments
         bound = [bind(a) for a in args]
-        bound = [b.wrap_number(a) if str(s.type) in ("Tensor", "Tensor?") and isinstance(a, bool | int | float) else a
+        tensor_types = ("Tensor", "Tensor?", "Optional[Tensor]")
+        bound = [b.wrap_number(a) if str(s.type) in tensor_types and isinstance(a, bool | int | float) else a
                  for a, s in zip(bound, schema, strict=True)]
         return entry.fn(b, *bound)
 
