@@ -17,6 +17,8 @@ from torchtosa.registry import registry
 from torchtosa.testing import run_op
 
 ROOT = Path(__file__).resolve().parent.parent
+# Ops whose result values torch leaves unspecified: only shapes and dtypes are compared.
+UNSPECIFIED_VALUES = {"aten.empty.memory_format", "aten.empty_permuted.default", "aten.empty_strided.default"}
 CASES = [(e, s) for e in load_specs(ROOT / "opdefs")[1] for s in e.samples]
 IDS = [f"{e.op}[{e.registry}]-{s.where.rsplit('/', 1)[-1]}" + (f"-{s.dtype}" if s.dtype else "") for e, s in CASES]
 DTYPES = {name: getattr(R, name + "_" if name == "bool" else name) for name in
@@ -106,6 +108,7 @@ def test_shape_and_dtype_rules_match_pytorch(e: OpDef, s: Sample) -> None:
             entry_for(e).fn(None, *describe(e, args))
         with pytest.raises(Exception):  # noqa: B017 - torch rejects it too, with its own error type
             fake_results(e, args)
+            call_torch(e, args)  # some value checks (e.g. overflow of a fill value) run in eager only
         return
     if s.unsupported:
         with pytest.raises(Unsupported, match=s.unsupported):
@@ -125,4 +128,7 @@ def test_native_matches_eager(e: OpDef, s: Sample) -> None:
     tol = s.tolerance or e.tolerance or {}
     assert len(got) == len(expected)
     for g, x in zip(got, expected, strict=True):
+        if e.op in UNSPECIFIED_VALUES:
+            assert (g.shape, g.dtype) == (x.shape, x.dtype)
+            continue
         torch.testing.assert_close(g, x, equal_nan=True, **({"rtol": tol["rtol"], "atol": tol["atol"]} if tol else {}))
