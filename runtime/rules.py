@@ -202,3 +202,89 @@ def repeat_shape(shape: Sequence[int], repeats: Sequence[int]) -> list[int]:
 def pairs(a: Sequence[Any], b: Sequence[Any]) -> list[list[Any]]:
     """[[a0, b0], [a1, b1], ...] as a list of lists."""
     return [[x, y] for x, y in builtins.zip(a, b)]
+
+
+# ---- added by elementwise/creation
+
+
+def result_type_all(xs: Sequence[Any]) -> torch.dtype:
+    """torch's type promotion of several operands (tensors or Python scalars); None entries are skipped."""
+    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+    ops = [_as_operand(x) for x in xs if x is not None]
+    return elementwise_dtypes(*ops, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[1]
+
+
+def scalar_dtype(v: Any) -> torch.dtype:
+    """The dtype torch infers for a Python scalar in a factory (full): bool, int64 or the default float."""
+    if isinstance(v, builtins.bool):
+        return torch.bool
+    if isinstance(v, builtins.int):
+        return torch.int64
+    return torch.get_default_dtype()
+
+
+def scalars_dtype(xs: Sequence[Any]) -> torch.dtype:
+    """The dtype torch.arange infers from its scalars: int64 unless one of them is a float."""
+    return torch.get_default_dtype() if builtins.any(isinstance(x, builtins.float) for x in xs) else torch.int64
+
+
+def fits(v: Any, dt: torch.dtype) -> bool:
+    """Whether torch converts the scalar `v` to `dt` without its overflow error (factories check this)."""
+    if dt == torch.bool:
+        return True
+    if dt.is_floating_point:
+        x = builtins.float(v)
+        return not math.isfinite(x) or builtins.abs(x) <= torch.finfo(dt).max or dt == torch.float64
+    if isinstance(v, builtins.float) and not math.isfinite(v):
+        return False
+    info = torch.iinfo(dt)
+    return info.min <= builtins.int(v) <= info.max
+
+
+def scalar_value(v: Any, dt: torch.dtype) -> Any:
+    """A Python scalar converted to `dt` as C++ casts it: bool is v != 0, integers truncate toward
+    zero and wrap around, floats stay floats (the constant rounds them)."""
+    if dt == torch.bool:
+        return builtins.bool(v != 0)
+    if dt.is_floating_point:
+        return builtins.float(v)
+    bits = dt.itemsize * 8
+    x = builtins.int(v) % (1 << bits)
+    return x - (1 << bits) if dt.is_signed and x >= 1 << (bits - 1) else x
+
+
+def is_finite_value(v: Any) -> bool:
+    return math.isfinite(builtins.float(v))
+
+
+def is_cpu(device: Any) -> bool:
+    """A factory's or _to_copy's device argument: None or a CPU device."""
+    return device is None or torch.device(device).type == "cpu"
+
+
+def is_strided(layout: Any) -> bool:
+    return layout is None or layout == torch.strided
+
+
+def arange_acc(v: Any, dt: torch.dtype) -> Any:
+    """An arange scalar in torch's CPU accumulation type: int64 (truncated) for integers, else a float."""
+    return builtins.float(v) if dt.is_floating_point else builtins.int(v)
+
+
+def arange_len(start: Any, end: Any, step: Any, dt: torch.dtype) -> int:
+    """torch.arange's length: ceil((end - start) / step) in double, or in int64 (on the truncated
+    scalars) for an int64 result."""
+    if dt == torch.int64:
+        s, e, st = builtins.int(start), builtins.int(end), builtins.int(step)
+        sgn = (st > 0) - (st < 0)
+        num = e - s + st - sgn
+        q = builtins.abs(num) // builtins.abs(st)
+        return q if (num >= 0) == (st > 0) else -q
+    return math.ceil((builtins.float(end) - builtins.float(start)) / builtins.float(step))
+
+
+def arange_values(start: Any, end: Any, step: Any, dt: torch.dtype) -> list[Any]:
+    """start + i * step for each index, in the accumulation type (double for floats, int64 for ints)."""
+    s, st = arange_acc(start, dt), arange_acc(step, dt)
+    return [scalar_value(s + st * i, dt) if not dt.is_floating_point else s + st * i
+            for i in builtins.range(arange_len(start, end, step, dt))]
