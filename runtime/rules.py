@@ -288,3 +288,13 @@ def arange_values(start: Any, end: Any, step: Any, dt: torch.dtype) -> list[Any]
     s, st = arange_acc(start, dt), arange_acc(step, dt)
     return [scalar_value(s + st * i, dt) if not dt.is_floating_point else s + st * i
             for i in builtins.range(arange_len(start, end, step, dt))]
+
+
+def is_bool_scalar(v: Any) -> bool:
+    """A Python bool (torch's Scalar.isBoolean())."""
+    return isinstance(v, builtins.bool)
+
+
+def is_float_scalar(v: Any) -> bool:
+    """A Python float (torch's Scalar.isFloatingPoint())."""
+    return isinstance(v, builtins.float)
