@@ -69,7 +69,8 @@ def test_floor_division_special_values(dtype: torch.dtype) -> None:
 def test_unary_special_values(dtype: torch.dtype) -> None:
     x = torch.tensor(SPECIAL).to(dtype)
     check(lambda x: (torch.isnan(x), torch.isinf(x), torch.isfinite(x), torch.sign(x), x.to(torch.bool)), x)
-    check(lambda x: (torch.clamp(x, -1, 1), torch.clamp(x, min=0.5), torch.clamp(x, max=-0.5), x.clamp(2, 1), x.clamp(min=NAN), x.clamp(max=NAN)), x)
+    check(lambda x: (torch.clamp(x, -1, 1), torch.clamp(x, min=0.5), torch.clamp(x, max=-0.5), x.clamp(2, 1),
+                     x.clamp(min=NAN), x.clamp(max=NAN)), x)
     check(lambda x: (torch.where(torch.isnan(x), 0.0, x), x == INF, x != x, x < NAN, x.abs(), -x), x)
 
 
