@@ -202,7 +202,6 @@ def repeat_shape(shape: Sequence[int], repeats: Sequence[int]) -> list[int]:
 def pairs(a: Sequence[Any], b: Sequence[Any]) -> list[list[Any]]:
     """[[a0, b0], [a1, b1], ...] as a list of lists."""
     return [[x, y] for x, y in zip(a, b)]
-    return [[x, y] for x, y in builtins.zip(a, b)]
 
 
 # ---- added by shape
