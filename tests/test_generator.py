@@ -381,3 +381,14 @@ def test_make_gen_prints_one_header_line_source_and_caret(opdefs: Path, monkeypa
     assert lines[1] == "    " + (opdefs / "fam.yaml").read_text().splitlines()[line - 1]
     assert lines[2].index("^") == 4 + col - 1
     assert lines[1][lines[2].index("^"):].startswith("data")
+
+
+@pytest.mark.parametrize(("rule", "expected"), [
+    ("(x == y) != z", "(x == y) != z"),  # a comparison of comparisons, not the chain x == y != z
+    ("x == y != z", "x == y != z"),
+    ("(x) + (y)", "x + y"),
+])
+def test_parentheses_group_comparisons(rule: str, expected: str) -> None:
+    from generator.rules import Scope, compile_expr
+    from generator.source import Located
+    assert compile_expr(Located(rule, "x.yaml", 1, 1), Scope({"x": "value", "y": "value", "z": "value"})) == expected
