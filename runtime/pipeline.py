@@ -19,11 +19,13 @@ PIPELINES: dict[str, str] = {
     # TOSA -> linalg/tensor/arith/scf on tensors. Decompositions and shape
     # passes first, as in MLIR's own tosa-to-linalg-pipeline (minus validation).
     # tosa-to-scf (cond_if, while_loop, scatter) must precede tosa-to-linalg,
-    # which rejects scatter.
+    # which rejects scatter. Ops of fallback dialects applied to tensors (math.tan,
+    # ...: ElementwiseMappable) become linalg.generic like the TOSA ones.
     "tosa-to-linalg": "builtin.module(func.func("
     "tosa-optional-decompositions,canonicalize,tosa-infer-shapes,"
     "tosa-make-broadcastable,tosa-to-scf,tosa-to-linalg-named,canonicalize,"
-    "tosa-to-linalg,tosa-to-arith{include-apply-rescale=true},tosa-to-tensor))",
+    "tosa-to-linalg,tosa-to-arith{include-apply-rescale=true},tosa-to-tensor,"
+    "convert-elementwise-to-linalg))",
     # Tensor-level cleanup. Fusing elementwise ops removes most intermediate
     # buffers, including i1 comparison results; detensorizing turns rank-0
     # ops (e.g. a cond_if predicate) into scalars, so they need no buffer.
