@@ -415,8 +415,21 @@ def _parse_sample(item: Any, entry: OpDef, at: Located, dtypes: list[str]) -> li
         args = {k: _sample_value(v, names[k], dt, _where(v, where)) for k, v in item.items() if k in names}
         rng = item.get("range")
         out.append(Sample(args, item.get("raises"), item.get("unsupported"), where.where, dt,
-                          tuple(rng) if rng else None, item.get("tolerance")))
+                          tuple(rng) if rng else None, _tolerance(item.get("tolerance"), where)))
     return out
+
+
+def _tolerance(value: Any, at: Located) -> dict[str, float] | None:
+    """{rtol, atol} as floats (YAML reads 1e-4 as a string: accept it)."""
+    if value is None:
+        return None
+    value = _expect(value, dict, "tolerance", at)
+    if set(value) != {"rtol", "atol"}:
+        raise _where(next(iter(value), at), at).error("tolerance is {rtol: x, atol: y}")
+    try:
+        return {str(k): float(v) for k, v in value.items()}
+    except ValueError:
+        raise _where(value["rtol"], at).error("tolerance values are numbers, e.g. 1.0e-4") from None
 
 
 def _sample_value(value: Any, arg: Arg, dt: str | None, at: Located) -> Any:
@@ -521,7 +534,7 @@ def load_entry(name: Located, entry: Any, family: str, catalogue: dict[str, Tosa
     opdef = OpDef(
         op=str(name), where=name.where, family=family, schema=schema, doc=str(entry.get("doc", "")),
         registry=_identifier(entry.get("registry", "tosa"), "registry", name), args=args, lets=lets, requires=requires,
-        limits=limits, results=results, lines=lines, tolerance=entry.get("tolerance"))
+        limits=limits, results=results, lines=lines, tolerance=_tolerance(entry.get("tolerance"), name))
     dtypes = _expect(entry.get("sample_dtypes", ["f32"]), list, "sample_dtypes", name)
     for d in dtypes:
         if d not in DTYPES:
