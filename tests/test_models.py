@@ -294,3 +294,29 @@ def test_native(name: str) -> None:
 @pytest.mark.parametrize("name", list(MODELS))
 def test_torch_compile_backend(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     check_torch_compile(name, monkeypatch)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_encoder_layer_fast_path_decomposed(norm_first: bool, activation: str) -> None:
+    """Under no_grad, Dynamo puts nn.TransformerEncoderLayer's fused kernel in the graph; the backend
+    decomposes it (checked here on the aten graph itself, independent of the lowerings)."""
+    from torchtosa.capture import make_backend
+
+    graphs = []
+
+    def run_graph(captured: Any) -> Callable[..., Any]:
+        graphs.append(captured.gm)
+        return lambda *args: captured.gm(*args)
+
+    layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, norm_first=norm_first,
+                                       activation=activation).eval()
+    x = torch.randn(2, 8, 32)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(layer, backend=make_backend(run_graph), fullgraph=True)(x)
+        torch.testing.assert_close(got, layer(x))
+    targets = {str(n.target) for n in graphs[0].graph.nodes}
+    assert "aten._transformer_encoder_layer_fwd.default" not in targets
+    assert "aten._softmax.default" in targets
+    torch._dynamo.reset()
