@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from torchtosa.registry import registry
 from torchtosa.testing import run_op
 
