@@ -19,10 +19,11 @@ PIPELINES: dict[str, str] = {
     # TOSA -> linalg/tensor/arith/scf on tensors. Decompositions and shape
     # passes first, as in MLIR's own tosa-to-linalg-pipeline (minus validation).
     # tosa-to-scf (cond_if, while_loop, scatter) must precede tosa-to-linalg,
-    # which rejects scatter.
+    # which rejects scatter. No canonicalize while TOSA ops remain: TOSA's
+    # folders are not IEEE-exact (x * 0.0 folds to 0 even for x = inf or NaN).
     "tosa-to-linalg": "builtin.module(func.func("
-    "tosa-optional-decompositions,canonicalize,tosa-infer-shapes,"
-    "tosa-make-broadcastable,tosa-to-scf,tosa-to-linalg-named,canonicalize,"
+    "tosa-optional-decompositions,tosa-infer-shapes,"
+    "tosa-make-broadcastable,tosa-to-scf,tosa-to-linalg-named,"
     "tosa-to-linalg,tosa-to-arith{include-apply-rescale=true},tosa-to-tensor))",
     # Tensor-level cleanup. Fusing elementwise ops removes most intermediate
     # buffers, including i1 comparison results; detensorizing turns rank-0
@@ -56,6 +57,8 @@ def lower(module: ir.Module) -> None:
     for stage, pipeline in PIPELINES.items():
         if stage == "linalg":
             _split_boolean_producers(module)
+        if stage == "bufferize":
+            _distinct_results(module)
         if stage == "llvm":
             _reject_sub_byte_buffers(module)
         pm = PassManager.parse(pipeline, context=module.context)
@@ -89,6 +92,32 @@ def _split_boolean_producers(module: ir.Module) -> None:
             for use in list(result.uses)[1:]:
                 clone = op.clone(ip=ir.InsertionPoint(op))
                 use.owner.operands[use.operand_number] = clone.results[i]
+
+
+def _distinct_results(module: ir.Module) -> None:
+    """Give each func.return operand after its first occurrence its own copy.
+
+    buffer-results-to-out-params crashes the process (a segfault) when one buffer is
+    returned twice, as for `return y, y` or two results folded into one by CSE.
+    """
+    returns: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "func.return":
+            returns.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    for ret in returns:
+        seen: list[ir.Value] = []
+        for i, value in enumerate(list(ret.operands)):
+            if value in seen and isinstance(value.type, ir.RankedTensorType):
+                with ir.InsertionPoint(ret), ret.location:
+                    dest = ir.Operation.create("tensor.empty", results=[value.type]).result
+                    copy = ir.Operation.create("bufferization.materialize_in_destination",
+                                               results=[value.type], operands=[value, dest])
+                ret.operands[i] = copy.result
+            seen.append(value)
 
 
 def _reject_sub_byte_buffers(module: ir.Module) -> None:
