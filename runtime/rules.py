@@ -385,7 +385,10 @@ def fits(v: Any, dt: torch.dtype) -> bool:
     if isinstance(v, builtins.float) and not math.isfinite(v):
         return False
     info = torch.iinfo(dt)
-    return info.min <= builtins.int(v) <= info.max
+    if isinstance(v, builtins.float):  # compared in double, before truncation: 127.5 overflows i8
+        return builtins.float(info.min) <= v <= builtins.float(info.max)
+    # negative ints wrap into unsigned types down to -max (full(-1, dtype=uint8) is 255)
+    return (info.min if dt.is_signed else -info.max) <= builtins.int(v) <= info.max
 
 
 def scalar_value(v: Any, dt: torch.dtype) -> Any:
