@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import has_free_symbols
 
 from .capture import Captured, capture, capture_exported, make_backend
-from .errors import InputMismatch
+from .errors import InputMismatch, Unsupported
 from .execute import NativeFunction, TensorSpec
 from .importer import Program, import_graph
 
@@ -77,6 +81,8 @@ class CompiledFunction:
         with self.lock:
             hit = self.compiled.get(key)
         if hit is None:
+            if not isinstance(self.fn, torch.export.ExportedProgram):
+                _check_call(self.fn, args, kwargs)
             captured = _capture(self.fn, args, kwargs)
             program, native = CACHE.get(captured.gm)
             hit = (captured, program, native)
@@ -101,8 +107,11 @@ class CompiledFunction:
         if isinstance(self.fn, torch.export.ExportedProgram):
             return ()  # one graph, its inputs' signature fixed at export time
         leaves, spec = pytree.tree_flatten((args, kwargs))
-        sig = tuple((tuple(x.shape), x.dtype, x.device.type) if isinstance(x, torch.Tensor) else (type(x), x)
-                    for x in leaves)
+        # The same tensor passed twice is traced as one input: which leaf each tensor first
+        # appeared as is part of the signature, so f(a, b) never reuses the graph of f(a, a).
+        first: dict[int, int] = {}
+        sig = tuple((tuple(x.shape), x.dtype, x.device.type, first.setdefault(id(x), i))
+                    if isinstance(x, torch.Tensor) else (type(x), x) for i, x in enumerate(leaves))
         return (spec, sig)
 
     def _flat_tensors(self, args: tuple, kwargs: dict, captured: Captured) -> list[torch.Tensor]:
@@ -110,6 +119,25 @@ class CompiledFunction:
         if spec != captured.in_spec:
             raise InputMismatch(f"arguments are structured as {spec}, compiled for {captured.in_spec}")
         return [x for x in leaves if isinstance(x, torch.Tensor)]
+
+
+def _check_call(fn: Callable | torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    """InputMismatch for calls Python or the native code would reject: arity, non-CPU tensors."""
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):  # a builtin or C function: let tracing tell
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as err:
+            raise InputMismatch(f"{getattr(target, '__qualname__', target)}: {err}") from None
+    tensors = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+    for i, x in enumerate(tensors):
+        if x.device.type != "cpu" or x.layout is not torch.strided:
+            raise InputMismatch(f"tensor input {i} is on {x.device} with layout {x.layout}; "
+                                "torchtosa runs strided CPU tensors")
 
 
 def compile(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args: Any,
@@ -122,8 +150,44 @@ def compile(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
 
 
 def _compile_graph(captured: Captured) -> Callable[..., list[torch.Tensor]]:
+    placeholders = [n.meta.get("val") for n in captured.gm.graph.find_nodes(op="placeholder")]
+    if any(not isinstance(v, torch.Tensor) or has_free_symbols(v) for v in placeholders):
+        return _Specializing(captured.gm)  # torch.compile made sizes dynamic: compile per concrete shape
     _, native = CACHE.get(captured.gm)
     return native
+
+
+class _Specializing:
+    """A graph with symbolic sizes, run as native code specialised to each call's concrete shapes.
+
+    torch.compile passes such graphs after a shape change (automatic dynamic shapes) or with
+    `dynamic=True`; the graph's int arguments are the sizes and are not passed to native code.
+    """
+
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        self.gm = gm
+        self.natives: dict[tuple[Any, ...], NativeFunction] = {}
+
+    def __call__(self, *args: Any) -> list[torch.Tensor]:
+        key = tuple((tuple(a.shape), a.dtype, a.device.type) if isinstance(a, torch.Tensor) else a for a in args)
+        native = self.natives.get(key)
+        if native is None:
+            native = self.natives.setdefault(key, CACHE.get(_static_graph(self.gm, args))[1])
+        return native(*[a for a in args if isinstance(a, torch.Tensor)])
+
+
+def _static_graph(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> torch.fx.GraphModule:
+    """`gm` retraced for these concrete arguments: static shapes, only tensor placeholders."""
+    with fx_traceback.preserve_node_meta():  # keep each node's user stack trace for messages
+        static = make_fx(torch.fx.Interpreter(gm).run, tracing_mode="fake")(*args)
+    for node in static.graph.find_nodes(op="placeholder"):
+        if not isinstance(node.meta.get("val"), torch.Tensor):
+            if node.users:
+                raise Unsupported(f"graph input {node.name} ({type(node.meta.get('val')).__name__}) "
+                                  "is used as a value; only static-shape tensor programs are supported")
+            static.graph.erase_node(node)
+    static.recompile()
+    return static
 
 
 torchtosa_backend = make_backend(_compile_graph)

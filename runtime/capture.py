@@ -288,7 +288,7 @@ def _bind_new_placeholders(
         new = graph.placeholder(name)
         new.meta.update(olds[0].meta if olds else {})
         if "val" not in new.meta:
-            new.meta["val"] = fake_mode.from_tensor(value)
+            new.meta["val"] = fake_mode.from_tensor(value, static_shapes=True)
         env.update(dict.fromkeys(olds, new))
     return env
 

@@ -73,7 +73,16 @@ def _spec(val: Any, node: torch.fx.Node) -> TensorSpec:
     if any(not isinstance(s, int) for s in val.shape):
         raise Unsupported(f"{node.name} has a dynamic shape {tuple(val.shape)} ({where(node)}); "
                           "compile with static shapes")
+    _nonempty(val, node)
     return TensorSpec(tuple(val.shape), val.dtype)
+
+
+def _nonempty(val: Any, node: torch.fx.Node) -> None:
+    """TOSA tensors have at least one element: zero-size values are Unsupported."""
+    for v in val if isinstance(val, (list, tuple)) else [val]:
+        if isinstance(v, torch.Tensor) and 0 in v.shape:
+            raise Unsupported(f"{node.name} is an empty tensor of shape {list(v.shape)} ({where(node)}); "
+                              "TOSA has no zero-size tensors")
 
 
 def _flat(x: Any) -> Iterator[Any]:
@@ -160,6 +169,7 @@ class Importer:
 
     def call(self, node: torch.fx.Node) -> Any:
         op = str(node.target)
+        _nonempty(node.meta.get("val"), node)
         entries = registry().get(op)
         if not entries:
             raise Unsupported(f"{op} ({where(node)}) — no mapping in the tosa registry or any fallback")

@@ -47,7 +47,7 @@ def registry() -> dict[str, list[Entry]]:
         from ._generated import registry as generated
     except ImportError as err:
         raise TorchTosaError("the generated op registry is missing: run `make gen` "
-                             f"(it renders opdefs/*.yaml into torchtosa/_generated) [{err}]") from None
+                             f"(it renders opdefs/*.yaml into runtime/_generated) [{err}]") from None
     if (ROOT / "opdefs").is_dir() and (ROOT / "generator").is_dir():
         current = source_hash(generator_inputs())
         if current != generated.SOURCE_HASH:

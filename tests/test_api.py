@@ -1,0 +1,351 @@
+"""The user-facing API: torchtosa.to_tosa, torchtosa.compile and torch.compile(backend="torchtosa").
+
+Programs use a few ops that have specs (add, mul, sub with alpha and Python numbers);
+anything else must fail with a clear torchtosa error, never a crash or a wrong answer.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import threading
+
+import pytest
+import torch
+from mlir import ir
+
+import torchtosa
+import torchtosa._generated
+from torchtosa import InputMismatch, TorchTosaError, Unsupported
+from torchtosa import registry as registry_module
+from torchtosa.api import CACHE
+
+
+def foo(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x * y + x  # the README's example
+
+
+def line_of(fn: object, text: str) -> int:
+    """The line number of the first source line of `fn` containing `text`."""
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+@pytest.fixture(scope="module")
+def xy() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(10), torch.randn(10)
+
+
+@pytest.fixture(scope="module")
+def compiled_foo(xy: tuple[torch.Tensor, torch.Tensor]) -> torchtosa.CompiledFunction:
+    return torchtosa.compile(foo, *xy)
+
+
+# ------------------------------------------------------------ the README example, three ways
+
+
+def test_readme_example(xy: tuple[torch.Tensor, torch.Tensor], compiled_foo: torchtosa.CompiledFunction) -> None:
+    x, y = xy
+    prog = torchtosa.to_tosa(foo, x, y)
+    text = str(prog)
+    assert "func.func @forward" in text and "tosa.add" in text and "tosa.mul" in text
+    assert isinstance(prog.module, ir.Module)
+    torch.testing.assert_close(compiled_foo(x, y), foo(x, y))
+    torch.testing.assert_close(torch.compile(foo, backend="torchtosa")(x, y), foo(x, y))
+
+
+def test_python_numbers_alpha_and_promotion() -> None:
+    x, b, i = torch.randn(3, 4), torch.randn(3, 4), torch.randint(-5, 5, (3, 4), dtype=torch.int32)
+
+    def numbers(a: torch.Tensor, b: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # float number, int number on the left, alpha, int32 + float32, int tensor * float number
+        return a + 2.5, 1 + i, torch.add(a, b, alpha=2), i + a, i * 2.5, a - b
+
+    got, want = torchtosa.compile(numbers, x, b, i)(x, b, i), numbers(x, b, i)
+    assert [g.dtype for g in got] == [w.dtype for w in want]
+    torch.testing.assert_close(got, want)
+
+
+def test_compile_without_examples_compiles_on_first_call(xy: tuple[torch.Tensor, torch.Tensor]) -> None:
+    lazy = torchtosa.compile(foo)
+    with pytest.raises(InputMismatch, match="nothing compiled yet"):
+        _ = lazy.program
+    torch.testing.assert_close(lazy(*xy), foo(*xy))
+    assert "tosa.add" in str(lazy.program)
+
+
+def test_keyword_arguments(xy: tuple[torch.Tensor, torch.Tensor]) -> None:
+    x, y = xy
+    c = torchtosa.compile(foo, x, y=y)
+    torch.testing.assert_close(c(x, y=y), foo(x, y))
+    torch.testing.assert_close(c(x, y), foo(x, y))  # another structure: compiled again, still right
+
+
+# ------------------------------------------------------------ modules, outputs, exported programs
+
+
+class Affine(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(4))
+        self.register_buffer("shift", torch.randn(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.weight + self.shift
+
+
+def test_module_parameters_are_passed_without_copies() -> None:
+    model, x = Affine(), torch.randn(3, 4)
+    c = torchtosa.compile(model, x)
+    captured, _, _ = c.prepare(x)
+    assert [p.data_ptr() for p in captured.params] == [model.weight.data_ptr(), model.shift.data_ptr()]
+    torch.testing.assert_close(c(x), model(x).detach())
+    with torch.no_grad():
+        model.weight.add_(1.0)  # updated in place: the compiled function sees it
+    torch.testing.assert_close(c(x), model(x).detach())
+
+
+def test_several_outputs_keep_their_structure() -> None:
+    x, y = torch.randn(2, 3), torch.randn(2, 3)
+
+    def many(a: torch.Tensor, b: torch.Tensor) -> object:
+        return a + b, {"s": a + 1, "t": [b + 2.0, a]}, None, 3
+
+    got, want = torchtosa.compile(many, x, y)(x, y), many(x, y)
+    assert got[2:] == (None, 3)
+    assert set(got[1]) == {"s", "t"} and isinstance(got[1]["t"], list)
+    torch.testing.assert_close(got[:2], want[:2])
+
+    def tup(a: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (a + 1, a + 2)
+
+    got = torchtosa.compile(tup, x)(x)
+    assert isinstance(got, tuple)
+    torch.testing.assert_close(got, tup(x))
+
+
+def test_exported_program() -> None:
+    model, x = Affine(), torch.randn(3, 4)
+    ep = torch.export.export(model, (x,))
+    assert "tosa.add" in str(torchtosa.to_tosa(ep))
+    c = torchtosa.compile(ep)
+    other = torch.randn(3, 4)
+    torch.testing.assert_close(c(other), model(other).detach())
+    with pytest.raises(InputMismatch):
+        c(torch.randn(5, 4))
+    with pytest.raises(TypeError, match="carries its own example inputs"):
+        torchtosa.to_tosa(ep, x)
+
+
+# ------------------------------------------------------------ errors
+
+
+def uses_bessel(x: torch.Tensor) -> torch.Tensor:
+    return torch.special.bessel_j0(x) + 1
+
+
+def test_unsupported_op_names_overload_and_user_line() -> None:
+    x = torch.randn(4)
+    where = f"{__file__}:{line_of(uses_bessel, 'bessel_j0')}"
+    for attempt in (lambda: torchtosa.to_tosa(uses_bessel, x), lambda: torchtosa.compile(uses_bessel, x),
+                    lambda: torch.compile(uses_bessel, backend="torchtosa")(x)):
+        with pytest.raises(Unsupported) as err:
+            attempt()
+        assert "aten.special_bessel_j0.default" in str(err.value)
+        assert where in str(err.value)
+
+
+def test_unsupported_in_a_dynamic_graph_names_user_line() -> None:
+    compiled = torch.compile(uses_bessel, backend="torchtosa", dynamic=True)
+    with pytest.raises(Unsupported, match=rf"aten.special_bessel_j0.default.*{line_of(uses_bessel, 'bessel_j0')}"):
+        compiled(torch.randn(6))
+
+
+def test_wrong_arguments_raise_input_mismatch(compiled_foo: torchtosa.CompiledFunction,
+                                              xy: tuple[torch.Tensor, torch.Tensor]) -> None:
+    x, y = xy
+    with pytest.raises(InputMismatch, match="missing a required argument"):
+        compiled_foo(x)
+    with pytest.raises(InputMismatch, match="too many positional arguments"):
+        compiled_foo(x, y, x)
+    with pytest.raises(InputMismatch, match="meta"):
+        compiled_foo(x.to("meta"), y.to("meta"))
+    # the native code of one signature checks count, shape, dtype and device before running
+    _, _, native = compiled_foo.prepare(x, y)
+    for args in [(x,), (x, y, y), (torch.randn(11), y), (x.double(), y), (x.to("meta"), y), (x, 1.0),
+                 (x.to_sparse(), y)]:
+        with pytest.raises(InputMismatch):
+            native(*args)
+    # through torch.compile, meta tensors reach the native code's checks too
+    with pytest.raises(InputMismatch):
+        torch.compile(foo, backend="torchtosa")(x.to("meta"), y.to("meta"))
+
+
+def test_incompatible_shapes_are_invalid_input(compiled_foo: torchtosa.CompiledFunction) -> None:
+    with pytest.raises(torchtosa.InvalidInput, match="broadcast"):
+        compiled_foo(torch.randn(3), torch.randn(4))
+
+
+def test_noncontiguous_inputs(compiled_foo: torchtosa.CompiledFunction) -> None:
+    base = torch.randn(10, 4)
+    for x in (base[:, 1], base.t()[2], torch.randn(1).expand(10), torch.randn(20)[::2]):
+        y = torch.randn(10)
+        assert not x.is_contiguous()
+        torch.testing.assert_close(compiled_foo(x, y), foo(x, y))
+        torch.testing.assert_close(compiled_foo(y, x), foo(y, x))
+
+
+def test_zero_size_inputs_are_a_clear_error() -> None:
+    z = torch.randn(0, 4)
+    with pytest.raises(Unsupported, match="zero-size"):
+        torchtosa.compile(foo, z, z)
+
+
+def test_data_dependent_shapes() -> None:
+    x, mask = torch.randn(5, 4), torch.randn(5, 4) > 0
+
+    def masked(a: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return a[m] + 1
+
+    def nonzero(a: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return torch.nonzero(m) + 1
+
+    for fn in (masked, nonzero):
+        with pytest.raises(Unsupported, match="data-dependent"):
+            torchtosa.compile(fn, x, mask)
+        # torch.compile breaks the graph there and runs the rest natively: same answer as eager
+        torch.testing.assert_close(torch.compile(fn, backend="torchtosa")(x, mask), fn(x, mask))
+
+
+def test_in_place_updates_of_inputs() -> None:
+    x = torch.randn(3)
+
+    def bump(a: torch.Tensor) -> torch.Tensor:
+        a.add_(1)
+        return a + 1
+
+    before = x.clone()
+    with pytest.raises(Unsupported, match="in place"):
+        torchtosa.compile(bump, x)
+    assert torch.equal(x, before)  # a failed compile leaves the input alone
+
+    eager, compiled = x.clone(), x.clone()
+    want = bump(eager)
+    torch.testing.assert_close(torch.compile(bump, backend="torchtosa")(compiled), want)
+    torch.testing.assert_close(compiled, eager)  # torch.compile applies the update like eager
+
+    def local(a: torch.Tensor) -> torch.Tensor:
+        b = a + 1
+        b.add_(2)
+        return b
+
+    torch.testing.assert_close(torchtosa.compile(local, x)(x), local(x))
+
+
+def test_complex_input_is_a_clear_error() -> None:
+    c = torch.randn(3, dtype=torch.complex64)
+    with pytest.raises(Unsupported, match="complex64"):
+        torchtosa.compile(foo, c, c)
+
+
+# ------------------------------------------------------------ caching, recompiles, threads, memory
+
+
+def test_same_function_reuses_native_code(xy: tuple[torch.Tensor, torch.Tensor]) -> None:
+    CACHE.clear()
+    first = torchtosa.compile(foo, *xy)
+    assert len(CACHE.entries) == 1
+    second = torchtosa.compile(foo, *xy)
+    assert len(CACHE.entries) == 1
+    assert first.prepare(*xy)[2] is second.prepare(*xy)[2]
+
+
+def test_new_shape_recompiles_and_old_shape_still_works() -> None:
+    c = torchtosa.compile(foo)
+    shapes = [(3, 4), (5, 6), (3, 4), (1,), (5, 6)]
+    for shape in shapes:
+        x, y = torch.randn(shape), torch.randn(shape)
+        torch.testing.assert_close(c(x, y), foo(x, y))
+    assert len(c.compiled) == 3
+    ints = torch.randint(0, 9, (3, 4), dtype=torch.int64)
+    torch.testing.assert_close(c(ints, ints + 1), foo(ints, ints + 1))
+
+
+def test_same_tensor_twice_is_its_own_signature() -> None:
+    a, b = torch.randn(3), torch.randn(3)
+    c = torchtosa.compile(foo, a, a)  # traced as one input used twice
+    torch.testing.assert_close(c(a, a), foo(a, a))
+    torch.testing.assert_close(c(a, b), foo(a, b))  # must not reuse the graph of foo(a, a)
+    torch.testing.assert_close(c(b, b), foo(b, b))
+    unused = torchtosa.compile(lambda p, q: p + 1, a, b)  # an input the graph never reads
+    torch.testing.assert_close(unused(a, b), a + 1)
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_torch_compile_with_changing_shapes(dynamic: bool | None) -> None:
+    torch._dynamo.reset()
+    compiled = torch.compile(foo, backend="torchtosa", dynamic=dynamic)
+    for shape in [(3, 4), (5, 6), (7, 2), (3, 4)]:
+        x, y = torch.randn(shape), torch.randn(shape)
+        torch.testing.assert_close(compiled(x, y), foo(x, y))
+
+
+def test_concurrent_calls() -> None:
+    c = torchtosa.compile(lambda a: a + 1.5, torch.randn(64, 64))
+    failures: list[int] = []
+
+    def work(seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        for _ in range(100):
+            a = torch.randn(64, 64, generator=g)
+            if not torch.equal(c(a), a + 1.5):
+                failures.append(seed)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+
+
+def rss() -> int:
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_many_calls_do_not_grow_memory() -> None:
+    a = torch.randn(128, 128)  # each call returns a new 64 KiB tensor
+    c = torchtosa.compile(lambda t: t + 1.0, a)
+    for _ in range(200):
+        c(a)
+    before = rss()
+    for _ in range(10_000):
+        c(a)
+    assert rss() - before < 64 * 1024 * 10_000 // 20  # leaking every output would be 625 MiB
+
+
+# ------------------------------------------------------------ the generated registry
+
+
+@pytest.fixture
+def fresh_registry() -> object:
+    registry_module.registry.cache_clear()
+    yield
+    registry_module.registry.cache_clear()
+
+
+def test_stale_registry_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, fresh_registry: object,
+                                         xy: tuple[torch.Tensor, torch.Tensor]) -> None:
+    monkeypatch.setattr(registry_module, "source_hash", lambda *_: "not-the-hash")
+    with pytest.raises(TorchTosaError, match=r"stale.*make gen"):
+        torchtosa.to_tosa(foo, *xy)
+
+
+def test_missing_registry_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, fresh_registry: object,
+                                           xy: tuple[torch.Tensor, torch.Tensor]) -> None:
+    monkeypatch.delattr(torchtosa._generated, "registry", raising=False)
+    monkeypatch.setitem(sys.modules, "torchtosa._generated.registry", None)  # importing it fails
+    with pytest.raises(TorchTosaError, match=r"missing.*make gen"):
+        torchtosa.to_tosa(foo, *xy)
