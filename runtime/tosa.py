@@ -84,22 +84,29 @@ def _attr(kind: str, value: Any, elem: ir.Type | None, result: ir.RankedTensorTy
     raise LoweringError(f"unknown attribute kind {kind!r}")
 
 
+_STORAGE = {
+    "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64,
+    "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8,
+}
+
+
 def dense(value: Any, result: ir.RankedTensorType) -> ir.DenseElementsAttr:
-    """A dense attribute of `result`'s type from a scalar (splat), a flat list or a tensor."""
+    """A dense attribute of `result`'s type from a scalar (splat), a list or a tensor.
+
+    Non-splat data goes through one buffer copy (numpy), not one attribute per element."""
     elem = result.element_type
-    if isinstance(value, torch.Tensor):
-        flat = value.detach().reshape(-1).tolist()
-    elif isinstance(value, (list, tuple)):
-        flat = list(value)
-    else:
-        flat = [value]
-    if isinstance(elem, ir.FloatType):
-        attrs = [ir.FloatAttr.get(elem, float(v)) for v in flat]
-    else:
-        attrs = [ir.IntegerAttr.get(elem, int(v)) for v in flat]
-    if len(attrs) == 1:
-        return ir.DenseElementsAttr.get_splat(result, attrs[0])
-    return ir.DenseElementsAttr.get(attrs, type=result)
+    storage = _STORAGE[str(elem)]
+    data = value.detach() if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=storage)
+    data = data.to(storage)
+    if data.numel() == 1:
+        item = data.reshape(()).item()
+        is_float = isinstance(elem, ir.FloatType)
+        attr = ir.FloatAttr.get(elem, float(item)) if is_float else ir.IntegerAttr.get(elem, int(item))
+        return ir.DenseElementsAttr.get_splat(result, attr)
+    data = data.reshape(result.shape).contiguous()
+    if storage == torch.bfloat16:  # numpy has no bfloat16: hand over the bits
+        data = data.view(torch.int16)
+    return ir.DenseElementsAttr.get(data.numpy(), type=elem, shape=list(result.shape))
 
 
 class Builder:

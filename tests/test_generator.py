@@ -381,3 +381,47 @@ def test_make_gen_prints_one_header_line_source_and_caret(opdefs: Path, monkeypa
     assert lines[1] == "    " + (opdefs / "fam.yaml").read_text().splitlines()[line - 1]
     assert lines[2].index("^") == 4 + col - 1
     assert lines[1][lines[2].index("^"):].startswith("data")
+
+
+# ------------------------------------------------------------ list lines and Tensor[] results
+
+SPLIT = """\
+aten.split_with_sizes.default:
+  schema: split_with_sizes(Tensor(a -> *) self, SymInt[] split_sizes, int dim=0) -> Tensor(a)[]
+  let:
+    starts: "[sum(split_sizes[:i]) for i in range(len(split_sizes))]"
+    tail: "list(self.shape[1:])"
+  shape: "[[s] + tail for s in split_sizes]"
+  dtype: self.dtype
+  emit:
+    - "c = [tosa.cast(t) {to: f32} if t.dtype != f32 for t in [self, self]]"
+    - "out = [tosa.slice(self) {start: [st] + [0] * len(tail), size: [s] + tail} for st, s in zip(starts, split_sizes)]"
+  samples:
+    - {self: "f32[6, 4]", split_sizes: [2, 4]}
+"""
+
+
+def test_list_lines_and_list_results_render(opdefs: Path) -> None:
+    (opdefs / "fam.yaml").write_text(SPLIT)
+    _, entries = load_specs(opdefs)
+    (e,) = entries
+    assert e.results[0].many and e.lines[1].loop == "for st, s in R.zip(starts, split_sizes)"
+    src = render_family(entries, "fam.yaml")
+    assert "c = [T.tosa_cast(b, t, to=R.f32) if t.dtype != R.f32 else t for t in [self, self]]" in src
+    fn = load_generated(src, "aten_split_with_sizes_default")
+    assert fn(None, Desc((6, 4), torch.float16), [2, 4], 0) == [((2, 4), torch.float16), ((4, 4), torch.float16)]
+
+
+@pytest.mark.parametrize(("old", "new", "hints"), [
+    ('    - "out = [tosa.slice', '    - "out = [tosa.slice(self) {start: [0, 0], size: [6, 4]} for ‸self in [1]]"\n'
+     '    - "unused = [tosa.slice', "self cannot be a loop variable here"),
+], ids=["list-loop-shadows-argument"])
+def test_list_line_mistakes(opdefs: Path, old: str, new: str, hints: str) -> None:
+    spec_error(opdefs, edit(old, new, SPLIT), hints)
+
+
+def test_list_result_must_be_a_list_line(opdefs: Path) -> None:
+    text = SPLIT.replace('    - "out = [tosa.slice', '    - "out = tosa.identity(self)"\n    - "unused = [tosa.slice')
+    (opdefs / "fam.yaml").write_text(text)
+    with pytest.raises(SpecError, match="result 'out' must be a list line"):
+        load_specs(opdefs)
