@@ -328,6 +328,15 @@ def _arg_kind(type_str: str) -> tuple[str, str]:
     return "scalar", py + (" | None" if type_str.endswith("?") else "")
 
 
+def _schema_type(text: str) -> str:
+    """A type as schemas spell it (Tensor?, int[], ScalarType?): torch prints argument
+    types typing-style (Optional[Tensor], List[int]), and `type` says int for ScalarType."""
+    for wrapper, suffix in (("Optional[", "?"), ("List[", "[]")):
+        if text.startswith(wrapper) and text.endswith("]"):
+            return _schema_type(text[len(wrapper):-1]) + suffix
+    return text
+
+
 def _schema_args(overload: Any) -> list[Arg]:
     out = []
     for a in overload._schema.arguments:

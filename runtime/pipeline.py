@@ -57,6 +57,8 @@ def lower(module: ir.Module) -> None:
     for stage, pipeline in PIPELINES.items():
         if stage == "linalg":
             _split_boolean_producers(module)
+        if stage == "bufferize":
+            _distinct_results(module)
         if stage == "llvm":
             _reject_sub_byte_buffers(module)
         pm = PassManager.parse(pipeline, context=module.context)
@@ -90,6 +92,32 @@ def _split_boolean_producers(module: ir.Module) -> None:
             for use in list(result.uses)[1:]:
                 clone = op.clone(ip=ir.InsertionPoint(op))
                 use.owner.operands[use.operand_number] = clone.results[i]
+
+
+def _distinct_results(module: ir.Module) -> None:
+    """Give each func.return operand after its first occurrence its own copy.
+
+    buffer-results-to-out-params crashes the process (a segfault) when one buffer is
+    returned twice, as for `return y, y` or two results folded into one by CSE.
+    """
+    returns: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "func.return":
+            returns.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    for ret in returns:
+        seen: list[ir.Value] = []
+        for i, value in enumerate(list(ret.operands)):
+            if value in seen and isinstance(value.type, ir.RankedTensorType):
+                with ir.InsertionPoint(ret), ret.location:
+                    dest = ir.Operation.create("tensor.empty", results=[value.type]).result
+                    copy = ir.Operation.create("bufferization.materialize_in_destination",
+                                               results=[value.type], operands=[value, dest])
+                ret.operands[i] = copy.result
+            seen.append(value)
 
 
 def _reject_sub_byte_buffers(module: ir.Module) -> None:

@@ -207,7 +207,6 @@ def repeat_shape(shape: Sequence[int], repeats: Sequence[int]) -> list[int]:
 def pairs(a: Sequence[Any], b: Sequence[Any]) -> list[list[Any]]:
     """[[a0, b0], [a1, b1], ...] as a list of lists."""
     return [[x, y] for x, y in zip(a, b)]
-    return [[x, y] for x, y in builtins.zip(a, b)]
 
 
 # ---- added by shape
@@ -448,3 +447,60 @@ def is_bool_scalar(v: Any) -> bool:
 def is_float_scalar(v: Any) -> bool:
     """A Python float (torch's Scalar.isFloatingPoint())."""
     return isinstance(v, builtins.float)
+
+
+# ---- added by the reduction/norm family
+
+
+def dims_in_range(dims: Sequence[int] | None, rank: int) -> bool:
+    """Every dim of `dims` (None is none) is a valid, possibly negative, index for `rank` (0 takes -1 and 0)."""
+    n = max(rank, 1)
+    return all(-n <= d < n for d in (dims or []))
+
+
+def dims_unique(dims: Sequence[int] | None, rank: int) -> bool:
+    """No dim of `dims` names the same axis twice once wrapped."""
+    wrapped = wrap_all(dims or [], rank)
+    return len(wrapped) == len(set(wrapped))
+
+
+def _folded(rank: int, dims: Sequence[int]) -> tuple[list[int], list[int], bool]:
+    """(kept dims, reduced dims, reduced dims are adjacent) for wrapped `dims`."""
+    red = sorted(d for d in set(dims) if d < rank)
+    kept = [d for d in range(rank) if d not in red]
+    adjacent = not red or red == list(range(red[0], red[0] + len(red)))
+    return kept, red, adjacent
+
+
+def fold_perm(rank: int, dims: Sequence[int]) -> list[int]:
+    """The transpose that makes the reduced `dims` (wrapped) adjacent so that one reduce
+    covers them all: the identity when they already are, else kept dims then reduced ones."""
+    kept, red, adjacent = _folded(rank, dims)
+    return list(range(rank)) if adjacent else kept + red
+
+
+def fold_axis(rank: int, dims: Sequence[int]) -> int:
+    """The axis of fold_shape that holds the merged reduced dims."""
+    kept, red, adjacent = _folded(rank, dims)
+    if not red:
+        return rank
+    return red[0] if adjacent else len(kept)
+
+
+def fold_shape(shape: Sequence[int], dims: Sequence[int]) -> list[int]:
+    """`shape` after fold_perm with the reduced `dims` merged into the one axis fold_axis
+    (of size 1 when no dim is reduced, e.g. rank 0)."""
+    rank = len(shape)
+    kept, red, adjacent = _folded(rank, dims)
+    size = prod(shape[d] for d in red)
+    if not red:
+        return [*shape, 1]
+    if adjacent:
+        return [*shape[:red[0]], size, *shape[red[-1] + 1:]]
+    return [*(shape[d] for d in kept), size]
+
+
+def tri_ones(n: int) -> list[float]:
+    """The n x n upper-triangular matrix of ones (U[i][j] = 1 for i <= j), flat: x @ U is
+    the running sum of the rows of x."""
+    return [1.0 if i <= j else 0.0 for i in range(n) for j in range(n)]
