@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from .errors import InvalidInput
+
 f16, bf16, f32, f64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
 i8, i16, i32, i64, u8, bool_ = torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool
 inf = math.inf
@@ -71,9 +73,12 @@ def broadcastable(a: Sequence[int], b: Sequence[int]) -> bool:
 
 
 def broadcast(a: Sequence[int], b: Sequence[int], c: Sequence[int] | None = None) -> list[int]:
-    """The broadcast shape of two or three shapes (numpy rules)."""
+    """The broadcast shape of two or three shapes (numpy rules); InvalidInput if there is
+    none, as torch raises (so no entry can forget to require `broadcastable`)."""
     if c is not None:
         return broadcast(broadcast(a, b), c)
+    if not broadcastable(a, b):
+        raise InvalidInput(f"shapes {list(a)} and {list(b)} are not broadcastable")
     n = max(len(a), len(b))
     a = [1] * (n - len(a)) + list(a)
     b = [1] * (n - len(b)) + list(b)
@@ -379,7 +384,10 @@ def fits(v: Any, dt: torch.dtype) -> bool:
     if isinstance(v, builtins.float) and not math.isfinite(v):
         return False
     info = torch.iinfo(dt)
-    return info.min <= builtins.int(v) <= info.max
+    if isinstance(v, builtins.float):  # compared in double, before truncation: 127.5 overflows i8
+        return builtins.float(info.min) <= v <= builtins.float(info.max)
+    # negative ints wrap into unsigned types down to -max (full(-1, dtype=uint8) is 255)
+    return (info.min if dt.is_signed else -info.max) <= builtins.int(v) <= info.max
 
 
 def scalar_value(v: Any, dt: torch.dtype) -> Any:
