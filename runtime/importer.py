@@ -85,6 +85,16 @@ def _nonempty(val: Any, node: torch.fx.Node) -> None:
                               "TOSA has no zero-size tensors")
 
 
+def _used_results(node: torch.fx.Node) -> list[Any]:
+    """The meta values of the results of `node` that a later node reads (an unused empty
+    output, like eval batch norm's saved statistics, is fine)."""
+    val = node.meta.get("val")
+    if not isinstance(val, (list, tuple)):
+        return [val] if node.users else []
+    used = {u.args[1] for u in node.users if u.target is operator.getitem and u.users}
+    return [v for i, v in enumerate(val) if i in used]
+
+
 def _flat(x: Any) -> Iterator[Any]:
     if isinstance(x, (list, tuple)):
         for y in x:
@@ -182,7 +192,7 @@ class Importer:
 
     def call(self, node: torch.fx.Node) -> Any:
         op = str(node.target)
-        _nonempty(node.meta.get("val"), node)
+        _nonempty(_used_results(node), node)
         entries = registry().get(op)
         if not entries:
             raise Unsupported(f"{op} ({where(node)}) — no mapping in the tosa registry or any fallback")
