@@ -174,6 +174,7 @@ class Importer:
         if node.op != "call_function":
             raise Unsupported(f"{node.op} node {node.name} ({where(node)}): only aten graphs are supported")
         if node.target is operator.getitem:
+            _nonempty(node.meta.get("val"), node)  # an output of a multi-output op that is used
             return self.env[node.args[0]][node.args[1]]
         if not isinstance(node.target, torch._ops.OpOverload):
             raise Unsupported(f"{node.target} ({where(node)}) is not an aten op; "
@@ -182,7 +183,10 @@ class Importer:
 
     def call(self, node: torch.fx.Node) -> Any:
         op = str(node.target)
-        _nonempty(node.meta.get("val"), node)
+        if len(node.target._schema.returns) == 1:
+            # Several results: checked where used (getitem), since ops like eval batch norm return
+            # empty side outputs (save_mean/save_rstd of shape [0]) that graphs never read.
+            _nonempty(node.meta.get("val"), node)
         entries = registry().get(op)
         if not entries:
             raise Unsupported(f"{op} ({where(node)}) — no mapping in the tosa registry or any fallback")
