@@ -46,7 +46,7 @@ coverage: $(GEN)
 	$(PY) scripts/coverage.py
 
 fuzz: $(GEN)
-	TORCHTOSA_FUZZ_EXAMPLES=2000 $(PY) -m pytest -q tests/test_fuzz.py tests/test_properties.py
+	TORCHTOSA_FUZZ_EXAMPLES=2000 $(PY) -m pytest -q -n auto -p no:cacheprovider tests/test_fuzz.py tests/test_properties.py
 
 clean:
 	rm -rf $(VENV) runtime/_generated build *.egg-info

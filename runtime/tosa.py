@@ -125,6 +125,8 @@ class Builder:
         shape = tuple(int(s) for s in shape)
         if any(s < 0 for s in shape):
             raise self.invalid(f"{name} would have the negative shape {list(shape)}")
+        if name.startswith("tosa."):  # other dialects' ops (tensor.empty) may make empty tensors on purpose
+            self.check_nonempty(name, [shape, *(o.shape for o in operands if isinstance(o, Tensor))])
         values = []
         for i, operand in enumerate(operands):
             if isinstance(operand, Tensor):
@@ -138,6 +140,13 @@ class Builder:
                                  attributes={k: _attr(kind, v, elem, result) for k, (kind, v) in attrs.items()})
         out = Tensor(op.result, shape, dtype)
         return self.from_i1(out) if i1_out and dtype == torch.bool else out
+
+    def check_nonempty(self, name: str, shapes: Sequence[Sequence[int]]) -> None:
+        """TOSA has no zero-size tensors: an op on one is valid PyTorch that is not lowered."""
+        for shape in shapes:
+            if 0 in shape:
+                raise Unsupported(f"{self.where}: {name} on a zero-size tensor {list(shape)}: "
+                                  "TOSA has no empty tensors")
 
     def to_i1(self, t: Tensor) -> ir.Value:
         if t.dtype != torch.bool:
@@ -171,6 +180,7 @@ class Builder:
 
     def constant(self, value: Any, dtype: torch.dtype, shape: Sequence[int] = ()) -> Tensor:
         """A constant tensor: a scalar splat, a flat list, or a torch tensor's data."""
+        self.check_nonempty("tosa.const", [shape])
         result = tensor_type(shape, dtype)
         op = ir.Operation.create("tosa.const", results=[result], attributes={"values": dense(value, result)})
         return Tensor(op.result, tuple(shape), dtype)
@@ -191,7 +201,11 @@ class Builder:
     def equal_rank(self, *ts: Tensor) -> list[Tensor]:
         """Reshape lower-rank operands with leading 1s, as TOSA's binary ops need."""
         rank = max(t.rank for t in ts)
-        return [self.reshape(t, (1,) * (rank - t.rank) + t.shape) for t in ts]
+        out = [self.reshape(t, (1,) * (rank - t.rank) + t.shape) for t in ts]
+        for dims in zip(*(t.shape for t in out), strict=True):
+            if len(set(dims) - {1}) > 1:  # not broadcastable: the entry's rules let a bad case through
+                raise self.invalid(f"operands of shapes {[list(t.shape) for t in ts]} do not broadcast")
+        return out
 
     def results(self, values: Sequence[Tensor], types: Sequence[tuple[Sequence[int], torch.dtype]]) -> list[Tensor]:
         """Check the emitted results against the entry's own shape and dtype rules."""

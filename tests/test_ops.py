@@ -39,10 +39,11 @@ class Desc:
 
 
 def random_tensor(dtype: torch.dtype, shape: tuple[int, ...], rng: tuple[float, float] | None) -> torch.Tensor:
-    """Random data, never all zeros: normal floats, small ints, coin-flip bools."""
+    """Random data, never all zeros: normal floats, small ints (non-negative for uint8), coin-flip bools."""
     if dtype == torch.bool:
         return torch.randint(0, 2, shape).bool()
-    lo, hi = rng if rng else ((-4.0, 4.0) if dtype.is_floating_point else (-10, 10))
+    ints = (0, 10) if dtype == torch.uint8 else (-10, 10)
+    lo, hi = rng if rng else ((-4.0, 4.0) if dtype.is_floating_point else ints)
     if dtype.is_floating_point:
         data = torch.rand(shape, dtype=torch.float64) * (hi - lo) + lo if rng else torch.randn(shape) * 2
         return data.to(dtype)
