@@ -112,14 +112,19 @@ def _ids() -> torch.Tensor:
     return torch.randint(0, VOCAB, (2, SEQ))
 
 
+def _padding_mask() -> torch.Tensor:
+    """A tokenizer's attention mask for a batch of 2: the second sequence is padded (last 3 tokens)."""
+    mask = torch.ones(2, SEQ, dtype=torch.long)
+    mask[1, 5:] = 0
+    return mask
+
+
 def build_bert() -> tuple[nn.Module, Inputs]:
     from transformers import BertConfig, BertModel
 
     config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                         intermediate_size=64, max_position_embeddings=64)
-    mask = torch.ones(2, SEQ, dtype=torch.long)
-    mask[1, 5:] = 0  # the second sequence is padded: its last 3 keys must be masked out
-    return BertModel(config), (_ids(), mask)
+    return BertModel(config), (_ids(), _padding_mask())
 
 
 def build_gpt2() -> tuple[nn.Module, Inputs]:
@@ -127,10 +132,10 @@ def build_gpt2() -> tuple[nn.Module, Inputs]:
 
     config = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, use_cache=False,
                         bos_token_id=0, eos_token_id=0)
-    return GPT2Model(config), (_ids(),)
+    return GPT2Model(config), (_ids(), None, _padding_mask())  # (input_ids, past_key_values, attention_mask)
 
 
-def build_llama() -> tuple[nn.Module, Inputs]:
+def _llama() -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     # Grouped-query attention (2 key/value heads shared by 4 query heads) and rotary embeddings.
@@ -138,7 +143,17 @@ def build_llama() -> tuple[nn.Module, Inputs]:
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                          use_cache=False)
     assert config.num_key_value_heads < config.num_attention_heads
-    return LlamaForCausalLM(config), (_ids(),)
+    return LlamaForCausalLM(config)
+
+
+def build_llama() -> tuple[nn.Module, Inputs]:
+    return _llama(), (_ids(), _padding_mask())  # (input_ids, attention_mask)
+
+
+def build_llama_no_mask() -> tuple[nn.Module, Inputs]:
+    # Without an attention mask (and without a cache) transformers looks for packed sequences in the
+    # position ids: an int64 cumsum over (position_diff != 1) enters the graph.
+    return _llama(), (_ids(),)
 
 
 def build_vit() -> tuple[nn.Module, Inputs]:
@@ -177,8 +192,11 @@ MODELS: dict[str, ModelCase] = {c.name: c for c in [
     ModelCase("transformer_encoder_layer", "torch.nn TransformerEncoderLayer (batch_first)", build_encoder_layer,
               **_DEEP),
     ModelCase("bert", "transformers BertModel (padding attention mask)", build_bert, **_DEEP),
-    ModelCase("gpt2", "transformers GPT2Model", build_gpt2, **_DEEP),
-    ModelCase("llama", "transformers LlamaForCausalLM (grouped-query attention, rotary)", build_llama, **_DEEP),
+    ModelCase("gpt2", "transformers GPT2Model (padding attention mask)", build_gpt2, **_DEEP),
+    ModelCase("llama", "transformers LlamaForCausalLM (grouped-query attention, rotary, padding mask)",
+              build_llama, **_DEEP),
+    ModelCase("llama_no_mask", "transformers LlamaForCausalLM called without an attention mask",
+              build_llama_no_mask, **_DEEP),
     ModelCase("vit", "transformers ViTModel", build_vit, **_DEEP),
     ModelCase("resnet", "transformers ResNetModel", build_resnet, **_DEEP),
     ModelCase("mobilenet_v2", "transformers MobileNetV2Model", build_mobilenet_v2, **_DEEP),
