@@ -127,6 +127,8 @@ class Compiler:
 
     def kind(self, node: Tree | Token) -> str:
         """The kind of a name expression, 'value' for anything else."""
+        if isinstance(node, Tree) and node.data == "paren":
+            return self.kind(node.children[0])
         if isinstance(node, Tree) and node.data == "name":
             return self.scope.names.get(str(node.children[0]), "value")
         return "value"
@@ -161,6 +163,11 @@ class Compiler:
             what = "a list of tensors" if kind == "tensors" else "not a tensor"
             raise self.error(attr, f"'.{attr}' needs a tensor; this is {what}")
         return f"{self.compile(base)}.{attr}"
+
+    def c_paren(self, node: Tree) -> str:
+        # Kept in the tree so that "(a == b) != c" is not read as the chain "a == b != c";
+        # every compound expression compiles to its own parentheses already.
+        return self.compile(node.children[0])
 
     def c_getitem(self, node: Tree) -> str:
         base, index = node.children

@@ -10,6 +10,7 @@ lifted parameters/buffers/constants first, then the user's tensor inputs.
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -173,10 +174,58 @@ def make_backend(compile_graph: Callable[[Captured], Callable[..., Any]]) -> Cal
             example_inputs,
             fw_compiler=fw_compiler,
             bw_compiler=_run_eagerly,
-            decompositions=core_aten_decompositions(),
+            decompositions={**core_aten_decompositions(), **_FUSED_DECOMPOSITIONS},
         )
 
     return backend
+
+
+def _encoder_layer_fwd(
+    src: torch.Tensor, embed_dim: int, num_heads: int, qkv_weight: torch.Tensor, qkv_bias: torch.Tensor,
+    proj_weight: torch.Tensor, proj_bias: torch.Tensor, use_gelu: bool, norm_first: bool, eps: float,
+    norm_weight_1: torch.Tensor, norm_bias_1: torch.Tensor, norm_weight_2: torch.Tensor,
+    norm_bias_2: torch.Tensor, ffn_weight_1: torch.Tensor, ffn_bias_1: torch.Tensor,
+    ffn_weight_2: torch.Tensor, ffn_bias_2: torch.Tensor, mask: torch.Tensor | None = None,
+    mask_type: int | None = None,
+) -> torch.Tensor:
+    """aten._transformer_encoder_layer_fwd (nn.TransformerEncoderLayer's fused inference kernel) in
+    composite ops. Dynamo takes that fast path under no_grad, and no decomposition ships with torch;
+    `capture` avoids it by disabling the fast path while tracing, a torch.compile backend cannot."""
+    if mask is not None:
+        raise Unsupported("nn.TransformerEncoderLayer's fused inference path with a mask under torch.compile: "
+                          "call torch.backends.mha.set_fastpath_enabled(False) or use torchtosa.compile")
+    F = torch.nn.functional
+    b, s, _ = src.shape
+    head_dim = embed_dim // num_heads
+
+    def heads(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(b, s, num_heads, head_dim).transpose(1, 2)
+
+    def attention(x: torch.Tensor) -> torch.Tensor:
+        q, k, v = F.linear(x, qkv_weight, qkv_bias).chunk(3, dim=-1)
+        scores = torch.matmul(heads(q), heads(k).transpose(-2, -1)) / math.sqrt(head_dim)
+        out = torch.matmul(torch.softmax(scores, dim=-1), heads(v))
+        return F.linear(out.transpose(1, 2).reshape(b, s, embed_dim), proj_weight, proj_bias)
+
+    def feed_forward(x: torch.Tensor) -> torch.Tensor:
+        h = F.linear(x, ffn_weight_1, ffn_bias_1)
+        return F.linear(F.gelu(h) if use_gelu else F.relu(h), ffn_weight_2, ffn_bias_2)
+
+    def norm1(x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (embed_dim,), norm_weight_1, norm_bias_1, eps)
+
+    def norm2(x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (embed_dim,), norm_weight_2, norm_bias_2, eps)
+
+    if norm_first:
+        x = src + attention(norm1(src))
+        return x + feed_forward(norm2(x))
+    x = norm1(src + attention(src))
+    return norm2(x + feed_forward(x))
+
+
+# Fused inference kernels that Dynamo can put in a torch.compile graph, as composite ops.
+_FUSED_DECOMPOSITIONS = {torch.ops.aten._transformer_encoder_layer_fwd.default: _encoder_layer_fwd}
 
 
 def _run_eagerly(gm: fx.GraphModule, _example_args: Sequence[Any]) -> Callable[..., Any]:

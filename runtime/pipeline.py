@@ -21,10 +21,13 @@ PIPELINES: dict[str, str] = {
     # tosa-to-scf (cond_if, while_loop, scatter) must precede tosa-to-linalg,
     # which rejects scatter. No canonicalize while TOSA ops remain: TOSA's
     # folders are not IEEE-exact (x * 0.0 folds to 0 even for x = inf or NaN).
+    # Ops of fallback dialects applied to tensors (math.atan, ...: ElementwiseMappable)
+    # become linalg.generic like the TOSA ones.
     "tosa-to-linalg": "builtin.module(func.func("
     "tosa-optional-decompositions,tosa-infer-shapes,"
     "tosa-make-broadcastable,tosa-to-scf,tosa-to-linalg-named,"
-    "tosa-to-linalg,tosa-to-arith{include-apply-rescale=true},tosa-to-tensor))",
+    "tosa-to-linalg,tosa-to-arith{include-apply-rescale=true},tosa-to-tensor,"
+    "convert-elementwise-to-linalg))",
     # Tensor-level cleanup. Fusing elementwise ops removes most intermediate
     # buffers, including i1 comparison results; detensorizing turns rank-0
     # ops (e.g. a cond_if predicate) into scalars, so they need no buffer.

@@ -504,3 +504,82 @@ def tri_ones(n: int) -> list[float]:
     """The n x n upper-triangular matrix of ones (U[i][j] = 1 for i <= j), flat: x @ U is
     the running sum of the rows of x."""
     return [1.0 if i <= j else 0.0 for i in range(n) for j in range(n)]
+# ---- added by fallback/extra
+
+
+def _ratio(x: float, limit: int = 1024) -> tuple[int, int] | None:
+    """x as p / q with small integers, if the double nearest p / q is x itself."""
+    from fractions import Fraction
+    if not math.isfinite(x) or x <= 0:
+        return None
+    fr = Fraction(x).limit_denominator(limit)
+    return (fr.numerator, fr.denominator) if fr.numerator > 0 and builtins.float(fr) == x else None
+
+
+def _torch_nearest_index(y: int, in_size: int, out_size: int, scale: float | None) -> int:
+    """torch's legacy nearest source index (ATen's nearest_idx), float32 arithmetic included."""
+    if out_size == in_size:
+        return y
+    if out_size == 2 * in_size:
+        return y >> 1
+    if scale is not None and scale > 0:
+        s = torch.tensor(1.0 / scale, dtype=torch.float64).float()
+    else:
+        s = torch.tensor(in_size, dtype=torch.float32) / out_size
+    return builtins.min(builtins.int(torch.floor(torch.tensor(builtins.float(y), dtype=torch.float32) * s)),
+                        in_size - 1)
+
+
+def _tosa_nearest_index(y: int, in_size: int, n: int, d: int, offset: int) -> int:
+    """The source row tosa.resize NEAREST_NEIGHBOR reads: (y * d + offset) / n rounded half up, clamped."""
+    if in_size == 1:
+        return 0
+    val = y * d + offset
+    iy = val // n
+    iy += 1 if 2 * (val - iy * n) >= n else 0
+    return builtins.min(builtins.max(iy, 0), in_size - 1)
+
+
+def upsample_axis(in_size: int, out_size: int, scale: float | None, align_corners: bool,
+                  nearest: bool) -> list[int]:
+    """[scale_n, scale_d, offset, border] of tosa.resize along one axis reproducing torch's
+    upsample_nearest / upsample_bilinear source coordinates, or [] if they cannot be.
+
+    tosa.resize reads output row y at in_y = (y * scale_d + offset) / scale_n.
+    - nearest (floor(y * in / out), or floor(y / scale) with a scale factor): the index
+      TOSA rounds half up, so half a row is subtracted (offset -out over 2 * out). torch
+      computes in float32 (its scale may round below in / out, which moves exact
+      integers down a row): every index is checked against torch's float32 formula.
+    - bilinear, half-pixel centres: (y + 0.5) * in / out - 0.5 (or / scale).
+    - bilinear, align_corners: y * (in - 1) / (out - 1).
+    A scale factor must be a ratio p / q of small integers (1.5, 2.0, 0.25, 1.7 ...)."""
+    if in_size < 1 or out_size < 1:
+        return []
+    sc = _ratio(scale) if scale is not None and scale > 0 and not align_corners else None
+    if scale is not None and scale > 0 and not align_corners and sc is None:
+        return []
+    if out_size == in_size:
+        cands = [(1, 1, 0)]  # torch copies (it ignores the scale factor)
+    elif nearest:
+        # torch's float32 scale may round below in / out, turning exact integers k into k - 1:
+        # the second offset of each pair reads just below them.
+        cands = ([(2 * sc[0], 2 * sc[1], -sc[0]), (2 * sc[0], 2 * sc[1], -sc[0] - 1)] if sc else []) + [
+            (2 * out_size, 2 * in_size, -out_size), (2 * out_size, 2 * in_size, -out_size - 1)]
+    elif align_corners:
+        cands = [(1, 1, 0)] if out_size == 1 else [(out_size - 1, in_size - 1, 0)]
+    elif sc:
+        cands = [(2 * sc[0], 2 * sc[1], sc[1] - sc[0])]
+    else:
+        cands = [(2 * out_size, 2 * in_size, in_size - out_size)]
+    for n, d, offset in cands:
+        g = math.gcd(n, d, offset)
+        n, d, offset = n // g, d // g, offset // g
+        # y * d + offset is i32; n and the remainder (< n) must convert to f32 exactly
+        if d == 0 or n >= 2 ** 24 or (out_size - 1) * d + builtins.abs(offset) >= 2 ** 31:
+            continue
+        if nearest and builtins.any(
+                _tosa_nearest_index(y, in_size, n, d, offset) != _torch_nearest_index(y, in_size, out_size, scale)
+                for y in builtins.range(out_size)):
+            continue
+        return [n, d, offset, (out_size - 1) * d - (in_size - 1) * n + offset]
+    return []

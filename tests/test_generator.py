@@ -425,3 +425,14 @@ def test_list_result_must_be_a_list_line(opdefs: Path) -> None:
     (opdefs / "fam.yaml").write_text(text)
     with pytest.raises(SpecError, match="result 'out' must be a list line"):
         load_specs(opdefs)
+
+
+@pytest.mark.parametrize(("rule", "expected"), [
+    ("(x == y) != z", "(x == y) != z"),  # a comparison of comparisons, not the chain x == y != z
+    ("x == y != z", "x == y != z"),
+    ("(x) + (y)", "x + y"),
+])
+def test_parentheses_group_comparisons(rule: str, expected: str) -> None:
+    from generator.rules import Scope, compile_expr
+    from generator.source import Located
+    assert compile_expr(Located(rule, "x.yaml", 1, 1), Scope({"x": "value", "y": "value", "z": "value"})) == expected

@@ -1,0 +1,254 @@
+"""`make coverage`: write docs/coverage.md — core ATen coverage of the generated registry, and models.
+
+Every fact in the page is computed here: the core ATen overloads are those of `torch.ops.aten`
+tagged `torch.Tag.core`; an overload is lowered when the generated registry
+(`torchtosa.registry.registry()`) has an entry for it; the reason given for one that is not
+is derived from torch's own metadata (schema, tags, the decomposition table capture applies).
+The models are `MODELS` of tests/test_models.py: each is captured, compiled to native code and
+compared with eager exactly as the test does (pass --no-run to only capture their graphs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs" / "coverage.md"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+from torch._decomp import core_aten_decompositions  # noqa: E402
+
+from torchtosa.registry import Entry, registry  # noqa: E402
+
+
+def _load_models() -> Any:
+    path = ROOT / "tests" / "test_models.py"
+    spec = importlib.util.spec_from_file_location("torchtosa_test_models", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def aten_overloads() -> list[torch._ops.OpOverload]:
+    """Every overload of every torch.ops.aten packet."""
+    ops = []
+    for name in dir(torch.ops.aten):
+        try:
+            packet = getattr(torch.ops.aten, name)
+        except (AttributeError, RuntimeError):
+            continue
+        if isinstance(packet, torch._ops.OpOverloadPacket):
+            ops.extend(getattr(packet, overload) for overload in packet.overloads())
+    return sorted(ops, key=str)
+
+
+def why_not(op: torch._ops.OpOverload, decomposed: set[Any]) -> tuple[str, str]:
+    """(category, explanation) for an overload without an entry, from torch's own metadata."""
+    schema = op._schema
+    tags = set(op.tags)
+    if op in decomposed:
+        return "decomposed before lowering", ("in `core_aten_decompositions()`, which capture passes to "
+                                              "AOTAutograd: captured graphs hold its decomposition instead")
+    if schema.name.endswith("_backward"):
+        return "backward op", ("only in autograd backward graphs; torchtosa lowers forward graphs (the "
+                               "`torch.compile` backend runs backward graphs eagerly)")
+    if schema.is_mutable:
+        return "mutates an argument", ("schema has a write alias: functionalized graphs never hold it, and "
+                                       "capture rejects in-place updates of inputs/buffers")
+    if not any(isinstance(r.type, torch.TensorType) for r in schema.returns):
+        kinds = ", ".join(str(r.type) for r in schema.returns)
+        return "returns no tensor", (f"returns {kinds}: torchtosa compiles static-shape tensor programs "
+                                     "(no entry)")
+    notes = []
+    if torch.Tag.nondeterministic_seeded in tags:
+        notes.append("random: tagged `nondeterministic_seeded`")
+    if torch.Tag.dynamic_output_shape in tags:
+        notes.append("tagged `dynamic_output_shape`: its output shape can depend on data")
+    if torch.Tag.data_dependent_output in tags:
+        notes.append("tagged `data_dependent_output`")
+    return "no entry", "; ".join(notes)
+
+
+def _link(entry: Entry) -> str:
+    path, _, line = entry.where.partition(":")
+    return f"[{entry.where}](../{path}#L{line})" if line else entry.where
+
+
+def _lowered_by(entries: list[Entry]) -> str:
+    return ", ".join(f"{e.registry} ({_link(e)})" for e in entries)
+
+
+@dataclass
+class ModelStatus:
+    name: str
+    family: str
+    ops: list[str]
+    missing: list[str]
+    verified: bool | None  # None: not run
+    detail: str
+    seconds: float
+
+
+def check_models(models: Any, run: bool, only: str | None) -> list[ModelStatus]:
+    """Capture every model (and, if `run`, compile it and compare with eager like the test does)."""
+    table = registry()
+    statuses = []
+    for name, case in models.MODELS.items():
+        if only and only not in name:
+            continue
+        start = time.perf_counter()
+        verified, detail, ops = None, "not run (--no-run)", []
+        if run:
+            try:
+                compiled = models.check_native(name)
+                captured = compiled.prepare(*models.instantiate(name)[1])[0]
+                ops = sorted({str(n.target) for n in captured.gm.graph.nodes
+                              if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)})
+                verified, detail = True, "native == eager" + (f" (rtol {case.rtol}, atol {case.atol})"
+                                                             if case.atol is not None else "")
+            except Exception as err:
+                verified, detail = False, f"{type(err).__name__}: {str(err).splitlines()[0]}"
+        if not ops:
+            try:
+                ops = models.graph_ops(*models.instantiate(name))
+            except Exception as err:
+                detail += f"; capture failed: {type(err).__name__}: {str(err).splitlines()[0]}"
+        missing = [op for op in ops if op not in table]
+        statuses.append(ModelStatus(name, case.family, ops, missing, verified, detail,
+                                    time.perf_counter() - start))
+        mark = {True: "verified", False: "FAILED", None: "captured"}[verified]
+        print(f"  {name:28s} {mark:9s} {len(ops):3d} ops, {len(missing):3d} without entry "
+              f"({time.perf_counter() - start:.0f} s) {'' if verified else detail}", flush=True)
+    return statuses
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render(models: list[ModelStatus], ran: bool) -> tuple[str, str]:
+    table = registry()
+    decomposed = set(core_aten_decompositions())
+    all_ops = aten_overloads()
+    core = [op for op in all_ops if torch.Tag.core in op.tags]
+    core_names = {str(op) for op in core}
+    used_by: dict[str, list[str]] = {}
+    for m in models:
+        for op in m.ops:
+            used_by.setdefault(op, []).append(m.name)
+
+    lowered = [op for op in core if str(op) in table]
+    pct = 100 * len(lowered) / len(core)
+    verified = [m for m in models if m.verified]
+    if ran:
+        model_part = f"{len(verified)}/{len(models)} model families run as native code and match eager"
+    else:
+        model_part = f"{len(models)} model families captured (not run)"
+    headline = (f"torchtosa lowers {len(lowered)} of {len(core)} core ATen overloads ({pct:.1f}%) "
+                f"in torch {torch.__version__.split('+')[0]}; {model_part}.")
+
+    lines = [
+        "# Coverage",
+        "",
+        "Generated by `make coverage` (`scripts/coverage.py`) from torch's operator registry, the",
+        "generated op registry (`torchtosa.registry.registry()`, rendered from `opdefs/*.yaml`) and the",
+        "models of `tests/test_models.py`. Do not edit by hand.",
+        "",
+        f"**{headline}**",
+        "",
+        "## Models",
+        "",
+        "Each model is built with random weights from a tiny config, captured, compiled to native code",
+        "and compared with eager (same check as `tests/test_models.py::test_native`).",
+        "",
+        "| model | family | aten overloads in graph | without entry | native vs eager |",
+        "|---|---|---|---|---|",
+    ]
+    for m in models:
+        status = {True: "verified", False: "**failed**", None: "not run"}[m.verified]
+        missing = " ".join(f"`{op}`" for op in m.missing) or "—"
+        detail = "" if m.verified is not False else f": {_md(m.detail)}"
+        lines.append(f"| `{m.name}` | {m.family} | {len(m.ops)} | {missing} | {status}{detail} |")
+
+    by_reason: dict[str, int] = {}
+    rows = []
+    for op in core:
+        name = str(op)
+        entries = table.get(name, [])
+        if entries:
+            status, how = "lowered", _lowered_by(entries)
+            if op in decomposed:
+                how += "; unreachable through capture: in `core_aten_decompositions()`"
+        else:
+            reason, explanation = why_not(op, decomposed)
+            status, how = "—", f"{reason}" + (f": {explanation}" if explanation else "")
+            by_reason[reason] = by_reason.get(reason, 0) + 1
+        models_using = ", ".join(used_by.get(name, [])) or ""
+        rows.append(f"| `{name}` | {status} | {how} | {models_using} |")
+
+    lines += [
+        "",
+        f"## Core ATen overloads ({len(core)})",
+        "",
+        f"Overloads of `torch.ops.aten` tagged `torch.Tag.core` in torch {torch.__version__}: "
+        f"**{len(lowered)} lowered ({pct:.1f}%)**, {len(core) - len(lowered)} not: "
+        + ", ".join(f"{n} {reason}" for reason, n in sorted(by_reason.items(), key=lambda kv: -kv[1])) + ".",
+        "",
+        "| overload | status | lowered by (registry, spec) / why not | in models |",
+        "|---|---|---|---|",
+        *rows,
+    ]
+
+    extra = sorted(name for name in table if name not in core_names)
+    lines += [
+        "",
+        f"## Non-core aten overloads with entries ({len(extra)})",
+        "",
+        "Overloads that are not tagged core but reach the lowering in captured graphs (e.g. produced",
+        "by a decomposition, or kept undecomposed by AOTAutograd).",
+        "",
+        "| overload | lowered by (registry, spec) | note | in models |",
+        "|---|---|---|---|",
+    ]
+    overloads = {str(op): op for op in all_ops}
+    for name in extra:
+        op = overloads.get(name)
+        if op is None:
+            note = "not an overload of torch.ops.aten in this torch"
+        elif op in decomposed:
+            note = "in `core_aten_decompositions()`: capture decomposes it, so this entry is unreachable"
+        else:
+            note = ""
+        lines.append(f"| `{name}` | {_lowered_by(table[name])} | {note} | {', '.join(used_by.get(name, []))} |")
+    return "\n".join(lines) + "\n", headline
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--no-run", action="store_true", help="only capture the models (no native run)")
+    parser.add_argument("--only", help="substring of a model name (the page then lists only those)")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    models = _load_models()
+    statuses = check_models(models, run=not args.no_run, only=args.only)
+    text, headline = render(statuses, ran=not args.no_run)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(f"wrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
+    print(headline)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
