@@ -127,6 +127,9 @@ class Builder:
             raise self.invalid(f"{name} would have the negative shape {list(shape)}")
         if name.startswith("tosa."):  # other dialects' ops (tensor.empty) may make empty tensors on purpose
             self.check_nonempty(name, [shape, *(o.shape for o in operands if isinstance(o, Tensor))])
+        if (name == "tosa.cast" and dtype == torch.bool and isinstance(operands[0], Tensor)
+                and operands[0].dtype.is_floating_point):
+            return self.float_to_bool(operands[0])
         values = []
         for i, operand in enumerate(operands):
             if isinstance(operand, Tensor):
@@ -147,6 +150,15 @@ class Builder:
             if 0 in shape:
                 raise Unsupported(f"{self.where}: {name} on a zero-size tensor {list(shape)}: "
                                   "TOSA has no empty tensors")
+
+    def float_to_bool(self, t: Tensor) -> Tensor:
+        """x != 0 as not(x == 0) (NaN is true): MLIR's folder of a float -> i1 tosa.cast
+        turns every constant into false (full_like(x, 2.0).any() was False)."""
+        zero = self.constant(0.0, t.dtype, [1] * t.rank)
+        i1 = tensor_type(t.shape, torch.bool, True)
+        eq = ir.Operation.create("tosa.equal", results=[i1], operands=[t.value, zero.value]).result
+        ne = ir.Operation.create("tosa.logical_not", results=[i1], operands=[eq]).result
+        return self.from_i1(Tensor(ne, t.shape, torch.bool))
 
     def to_i1(self, t: Tensor) -> ir.Value:
         if t.dtype != torch.bool:
