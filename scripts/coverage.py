@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -134,6 +135,8 @@ def check_models(models: Any, run: bool, only: str | None) -> list[ModelStatus]:
 
 
 def _md(text: str) -> str:
+    """Table-safe text without this machine's paths (repo-relative, site-packages-relative)."""
+    text = re.sub(r"\S*/site-packages/", "", text.replace(f"{ROOT}/", ""))
     return text.replace("|", "\\|").replace("\n", " ")
 
 
@@ -152,9 +155,9 @@ def render(models: list[ModelStatus], ran: bool) -> tuple[str, str]:
     pct = 100 * len(lowered) / len(core)
     verified = [m for m in models if m.verified]
     if ran:
-        model_part = f"{len(verified)}/{len(models)} model families run as native code and match eager"
+        model_part = f"{len(verified)} of {len(models)} test models run as native code and match eager"
     else:
-        model_part = f"{len(models)} model families captured (not run)"
+        model_part = f"{len(models)} models captured (not run)"
     headline = (f"torchtosa lowers {len(lowered)} of {len(core)} core ATen overloads ({pct:.1f}%) "
                 f"in torch {torch.__version__.split('+')[0]}; {model_part}.")
 
@@ -215,8 +218,9 @@ def render(models: list[ModelStatus], ran: bool) -> tuple[str, str]:
         "",
         f"## Non-core aten overloads with entries ({len(extra)})",
         "",
-        "Overloads that are not tagged core but reach the lowering in captured graphs (e.g. produced",
-        "by a decomposition, or kept undecomposed by AOTAutograd).",
+        "Entries for overloads not tagged core (graphs from `torch.export` or other decomposition tables",
+        "can hold them). The note says when capture's own decomposition table removes the overload",
+        "first; \"in models\" lists the models above whose captured graph holds it.",
         "",
         "| overload | lowered by (registry, spec) | note | in models |",
         "|---|---|---|---|",
