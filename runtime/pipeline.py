@@ -26,8 +26,14 @@ PIPELINES: dict[str, str] = {
     "tosa-to-linalg": "builtin.module(func.func("
     "tosa-optional-decompositions,tosa-infer-shapes,"
     "tosa-make-broadcastable,tosa-to-scf,tosa-to-linalg-named,"
-    "tosa-to-linalg,tosa-to-arith{include-apply-rescale=true},tosa-to-tensor,"
+    "tosa-to-linalg,tosa-to-arith{include-apply-rescale=true},"
     "convert-elementwise-to-linalg))",
+    # Fuse elementwise ops while reshapes are still tosa.reshape (opaque to fusion): once
+    # they are tensor.collapse/expand_shape, fusion moves them between an i1 producer
+    # and its consumer (a broadcast operand blocks the expansion that would rejoin
+    # them), and the i1 result is materialized. Only shape ops of TOSA remain here,
+    # whose folders are exact.
+    "fuse-before-reshapes": "builtin.module(linalg-fuse-elementwise-ops,func.func(tosa-to-tensor))",
     # Tensor-level cleanup. Fusing elementwise ops removes most intermediate
     # buffers, including i1 comparison results; detensorizing turns rank-0
     # ops (e.g. a cond_if predicate) into scalars, so they need no buffer.
@@ -58,7 +64,7 @@ def lower(module: ir.Module) -> None:
     Raises CompileError naming the failing stage, with MLIR's diagnostics.
     """
     for stage, pipeline in PIPELINES.items():
-        if stage == "linalg":
+        if stage in ("fuse-before-reshapes", "linalg"):
             _split_boolean_producers(module)
         if stage == "bufferize":
             _distinct_results(module)
