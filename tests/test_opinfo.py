@@ -213,6 +213,7 @@ def _record(name: str, result: dict[str, Any]) -> None:
             data = json.loads(path.read_text())
         if data.get("torch") != torch.__version__ or data.get("full") != FULL:
             data = {"torch": torch.__version__, "full": FULL, "ops": {}}
+        result["notes"] = [n.replace(f"{ROOT}/", "") for n in result["notes"]]  # paths relative to the repo
         data["ops"][name] = result
         data["ops"] = dict(sorted(data["ops"].items()))
         path.write_text(json.dumps(data, indent=1) + "\n")
