@@ -228,10 +228,7 @@ class Importer:
                 value = arg.default_value
             else:
                 raise LoweringError(f"{node.target} ({where(node)}) misses argument {arg.name}")
-            value = self.value(value, node)
-            if arg.type.str() in ("Tensor", "Tensor?") and isinstance(value, bool | int | float):
-                value = Builder(str(node.target)).wrap_number(value)
-            out.append(value)
+            out.append(Builder(str(node.target)).argument(self.value(value, node), arg))
         return out
 
     def value(self, value: Any, node: torch.fx.Node) -> Any:

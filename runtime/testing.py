@@ -44,9 +44,7 @@ def lower_op(entry: Entry, args: list[Any]) -> Program:
 
         b = Builder(entry.where)
         schema = _schema(entry).arguments
-        bound = [bind(a) for a in args]
-        bound = [b.wrap_number(a) if s.type.str() in ("Tensor", "Tensor?") and isinstance(a, bool | int | float) else a
-                 for a, s in zip(bound, schema, strict=True)]
+        bound = [b.argument(bind(a), s) for a, s in zip(args, schema, strict=True)]
         return entry.fn(b, *bound)
 
     return build_function("forward", specs, body)

@@ -204,6 +204,12 @@ class Builder:
         t = self.constant(value, dtype)
         return Tensor(t.value, t.shape, t.dtype, wrapped=True)
 
+    def argument(self, value: Any, schema_arg: Any) -> Any:
+        """An aten argument as a lowering takes it: a number in a Tensor slot is wrapped."""
+        if schema_arg.type.str() in ("Tensor", "Tensor?") and isinstance(value, bool | int | float):
+            return self.wrap_number(value)
+        return value
+
     def reshape(self, t: Tensor, shape: Sequence[int]) -> Tensor:
         shape = tuple(int(s) for s in shape)
         if shape == t.shape:
