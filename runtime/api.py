@@ -17,6 +17,7 @@ from .capture import Captured, capture, capture_exported, make_backend
 from .errors import InputMismatch, Unsupported
 from .execute import NativeFunction, TensorSpec
 from .importer import Program, import_graph
+from .pipeline import check_opt
 
 Signature = tuple[Any, ...]
 
@@ -30,16 +31,16 @@ class _Cache:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.entries: dict[tuple[str, tuple[TensorSpec, ...]], tuple[Program, NativeFunction]] = {}
+        self.entries: dict[tuple[str, tuple[TensorSpec, ...], str], tuple[Program, NativeFunction]] = {}
 
-    def get(self, gm: torch.fx.GraphModule) -> tuple[Program, NativeFunction]:
+    def get(self, gm: torch.fx.GraphModule, opt: str) -> tuple[Program, NativeFunction]:
         program = import_graph(gm)
-        key = (str(program.module), tuple(program.inputs))
+        key = (str(program.module), tuple(program.inputs), opt)
         with self.lock:
             hit = self.entries.get(key)
         if hit is not None:
             return hit
-        native = NativeFunction(program.module, program.inputs, program.outputs)
+        native = NativeFunction(program.module, program.inputs, program.outputs, opt=opt)
         with self.lock:
             return self.entries.setdefault(key, (program, native))
 
@@ -70,8 +71,9 @@ def _capture(fn: Any, args: tuple, kwargs: dict) -> Captured:
 class CompiledFunction:
     """Native code for a function or module; recompiles when the input signature changes."""
 
-    def __init__(self, fn: Callable | torch.nn.Module | torch.export.ExportedProgram):
+    def __init__(self, fn: Callable | torch.nn.Module | torch.export.ExportedProgram, opt: str = "default"):
         self.fn = fn
+        self.opt = check_opt(opt)
         self.lock = threading.Lock()
         self.compiled: dict[Signature, tuple[Captured, Program, NativeFunction]] = {}
 
@@ -84,7 +86,7 @@ class CompiledFunction:
             if not isinstance(self.fn, torch.export.ExportedProgram):
                 _check_call(self.fn, args, kwargs)
             captured = _capture(self.fn, args, kwargs)
-            program, native = CACHE.get(captured.gm)
+            program, native = CACHE.get(captured.gm, self.opt)
             hit = (captured, program, native)
             with self.lock:
                 self.compiled[key] = hit
@@ -141,19 +143,23 @@ def _check_call(fn: Callable | torch.nn.Module, args: tuple, kwargs: dict) -> No
 
 
 def compile(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args: Any,
-            **kwargs: Any) -> CompiledFunction:
-    """Compile to native code through TOSA. With example inputs, compiles now; else on the first call."""
-    compiled = CompiledFunction(fn)
+            opt: str = "default", **kwargs: Any) -> CompiledFunction:
+    """Compile to native code through TOSA. With example inputs, compiles now; else on the first call.
+
+    `opt` picks the lowering (see `torchtosa.pipeline.OPT_LEVELS`): "default" tiles and vectorizes,
+    "none" is the plain reference lowering to loops, kept for debugging.
+    """
+    compiled = CompiledFunction(fn, opt)
     if args or kwargs or isinstance(fn, torch.export.ExportedProgram):
         compiled.prepare(*args, **kwargs)
     return compiled
 
 
-def _compile_graph(captured: Captured) -> Callable[..., list[torch.Tensor]]:
+def _compile_graph(captured: Captured, opt: str) -> Callable[..., list[torch.Tensor]]:
     placeholders = [n.meta.get("val") for n in captured.gm.graph.find_nodes(op="placeholder")]
     if any(not isinstance(v, torch.Tensor) or has_free_symbols(v) for v in placeholders):
-        return _Specializing(captured.gm)  # torch.compile made sizes dynamic: compile per concrete shape
-    _, native = CACHE.get(captured.gm)
+        return _Specializing(captured.gm, opt)  # torch.compile made sizes dynamic: compile per concrete shape
+    _, native = CACHE.get(captured.gm, opt)
     return native
 
 
@@ -164,15 +170,16 @@ class _Specializing:
     `dynamic=True`; the graph's int arguments are the sizes and are not passed to native code.
     """
 
-    def __init__(self, gm: torch.fx.GraphModule) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, opt: str) -> None:
         self.gm = gm
+        self.opt = opt
         self.natives: dict[tuple[Any, ...], NativeFunction] = {}
 
     def __call__(self, *args: Any) -> list[torch.Tensor]:
         key = tuple((tuple(a.shape), a.dtype, a.device.type) if isinstance(a, torch.Tensor) else a for a in args)
         native = self.natives.get(key)
         if native is None:
-            native = self.natives.setdefault(key, CACHE.get(_static_graph(self.gm, args))[1])
+            native = self.natives.setdefault(key, CACHE.get(_static_graph(self.gm, args), self.opt)[1])
         return native(*[a for a in args if isinstance(a, torch.Tensor)])
 
 
@@ -191,4 +198,7 @@ def _static_graph(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> torch.fx.G
 
 
 torchtosa_backend = make_backend(_compile_graph)
-torchtosa_backend.__doc__ = 'The torch.compile backend: `torch.compile(model, backend="torchtosa")`.'
+torchtosa_backend.__doc__ = """The torch.compile backend: `torch.compile(model, backend="torchtosa")`.
+
+Options: `torch.compile(model, backend="torchtosa", options={"opt": "none"})` picks the lowering.
+"""

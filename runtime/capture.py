@@ -10,6 +10,7 @@ lifted parameters/buffers/constants first, then the user's tensor inputs.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -30,6 +31,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx.experimental.symbolic_shapes import has_free_symbols
 
 from .errors import InvalidInput, TorchTosaError, Unsupported
+from .pipeline import check_opt
 
 __all__ = ["Captured", "capture", "capture_exported", "make_backend"]
 
@@ -141,7 +143,7 @@ def capture_exported(ep: torch.export.ExportedProgram) -> Captured:
     return Captured(gm, params, inputs, ep.call_spec.in_spec, out_spec)
 
 
-def make_backend(compile_graph: Callable[[Captured], Callable[..., Any]]) -> Callable[..., Any]:
+def make_backend(compile_graph: Callable[[Captured, str], Callable[..., Any]]) -> Callable[..., Any]:
     """A `torch.compile` backend that hands each AOTAutograd forward graph to `compile_graph`.
 
     Every placeholder is a runtime argument (`params == []`). `compile_graph`
@@ -152,7 +154,7 @@ def make_backend(compile_graph: Callable[[Captured], Callable[..., Any]]) -> Cal
     activations saved for backward) and the backward graph runs eagerly.
     """
 
-    def fw_compiler(gm: fx.GraphModule, _fake_args: Sequence[Any]) -> Callable[..., Any]:
+    def fw_compiler(gm: fx.GraphModule, _fake_args: Sequence[Any], opt: str) -> Callable[..., Any]:
         _check_graph(gm, static=False)
         _simplify(gm)
         compiled: Callable[..., Any] | None = None
@@ -162,17 +164,22 @@ def make_backend(compile_graph: Callable[[Captured], Callable[..., Any]]) -> Cal
             if compiled is None:
                 out_spec = pytree.tree_flatten(tuple(gm.graph.output_node().args[0]))[1]
                 in_spec = pytree.tree_flatten((tuple(args), {}))[1]
-                compiled = compile_graph(Captured(gm, [], list(args), in_spec, out_spec))
+                compiled = compile_graph(Captured(gm, [], list(args), in_spec, out_spec), opt)
             return compiled(*args)
 
         run._boxed_call = True  # type: ignore[attr-defined]
         return run
 
-    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    def backend(gm: fx.GraphModule, example_inputs: list[Any],
+                options: dict[str, Any] | None = None) -> Callable[..., Any]:
+        options = dict(options or {})
+        opt = check_opt(options.pop("opt", "default"))
+        if options:
+            raise TypeError(f"unknown torchtosa backend options {sorted(options)}; known: ['opt']")
         return aot_module_simplified(
             gm,
             example_inputs,
-            fw_compiler=fw_compiler,
+            fw_compiler=functools.partial(fw_compiler, opt=opt),
             bw_compiler=_run_eagerly,
             decompositions={**core_aten_decompositions(), **_FUSED_DECOMPOSITIONS},
         )

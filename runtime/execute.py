@@ -74,18 +74,20 @@ class NativeFunction:
         inputs: Sequence[TensorSpec],
         outputs: Sequence[TensorSpec],
         name: str = "forward",
+        opt: str = "default",
     ) -> None:
         """Lower a clone of `module` (which stays untouched) and JIT `@name`.
 
         `module` holds `func.func @name` taking and returning tensors of types
         `inputs` and `outputs` (see TensorSpec.mlir_type_str). Raises
         CompileError if the signature differs or lowering or the JIT fails.
+        `opt` names the lowering (`pipeline.OPT_LEVELS`).
         """
         self.inputs = tuple(inputs)
         self.outputs = tuple(outputs)
         self.name = name
         self._module = _prepare(module, name, self.inputs, self.outputs)
-        lower(self._module)
+        lower(self._module, opt)
         self._engine = _jit(self._module)
         address = self._engine.raw_lookup("_mlir_ciface_" + name)
         if not address:

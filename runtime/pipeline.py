@@ -58,11 +58,22 @@ PIPELINES: dict[str, str] = {
 }
 
 
-def lower(module: ir.Module) -> None:
+OPT_LEVELS = ("none", "default")
+
+
+def check_opt(opt: str) -> str:
+    """`opt` if it names an optimization level, else ValueError listing them."""
+    if opt not in OPT_LEVELS:
+        raise ValueError(f"unknown optimization level {opt!r}; choose one of {', '.join(map(repr, OPT_LEVELS))}")
+    return opt
+
+
+def lower(module: ir.Module, opt: str = "default") -> None:
     """Lower a TOSA module in place to the LLVM dialect.
 
     Raises CompileError naming the failing stage, with MLIR's diagnostics.
     """
+    check_opt(opt)
     for stage, pipeline in PIPELINES.items():
         if stage in ("fuse-before-reshapes", "linalg"):
             _split_boolean_producers(module)

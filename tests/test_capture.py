@@ -286,7 +286,7 @@ def test_capture_exported_rejects_buffer_mutation() -> None:
 def test_make_backend_inference_and_training() -> None:
     seen: list[Captured] = []
 
-    def compile_graph(c: Captured) -> Callable[..., Any]:
+    def compile_graph(c: Captured, opt: str) -> Callable[..., Any]:
         seen.append(c)
         return c.gm
 

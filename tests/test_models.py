@@ -323,7 +323,7 @@ def test_encoder_layer_fast_path_decomposed(norm_first: bool, activation: str) -
 
     graphs = []
 
-    def run_graph(captured: Any) -> Callable[..., Any]:
+    def run_graph(captured: Any, opt: str) -> Callable[..., Any]:
         graphs.append(captured.gm)
         return lambda *args: captured.gm(*args)
 
