@@ -14,6 +14,7 @@ from mlir import ir
 from mlir.passmanager import PassManager
 
 from .errors import CompileError
+from .schedule import schedule
 
 PIPELINES: dict[str, str] = {
     # TOSA -> linalg/tensor/arith/scf on tensors. Decompositions and shape
@@ -39,6 +40,11 @@ PIPELINES: dict[str, str] = {
     # ops (e.g. a cond_if predicate) into scalars, so they need no buffer.
     "linalg": "builtin.module(canonicalize,linalg-fuse-elementwise-ops,"
     "func.func(linalg-detensorize{aggressive-mode}),canonicalize,cse)",
+    # opt="default" only: drop unit dimensions so that broadcasts such as a bias add become
+    # projected permutations the schedule can tile; then `schedule.schedule` tiles and
+    # vectorizes (a Python stage, running MLIR's transform interpreter).
+    "unit-dims": "builtin.module(func.func(linalg-fold-unit-extent-dims),canonicalize,cse)",
+    "schedule": "",
     # Tensors -> memrefs. Results become caller-allocated out-params, hence
     # modify-public-functions (without it the pass silently does nothing).
     # Loops (tosa.while_loop) may yield new buffers.
@@ -48,17 +54,19 @@ PIPELINES: dict[str, str] = {
     "buffer-results-to-out-params{hoist-static-allocs=true "
     "modify-public-functions=true},"
     "buffer-deallocation-pipeline)",
-    # Loops and memrefs -> LLVM dialect. Math ops without an LLVM intrinsic
-    # (erf, ...) become libm calls.
+    # Loops, vectors and memrefs -> LLVM dialect. Vector transfers are fully unrolled (a partial
+    # unroll leaves stack allocations inside loops). Math ops without an LLVM intrinsic (erf, ...)
+    # become libm calls (vector ones one element at a time), before the vector lowering.
     "llvm": "builtin.module("
-    "convert-linalg-to-loops,expand-strided-metadata,lower-affine,"
-    "convert-scf-to-cf,finalize-memref-to-llvm,convert-math-to-llvm,"
-    "convert-math-to-libm,convert-arith-to-llvm,convert-func-to-llvm,"
+    "convert-vector-to-scf{full-unroll=true},convert-linalg-to-loops,expand-strided-metadata,lower-affine,"
+    "convert-scf-to-cf,convert-math-to-llvm,convert-math-to-libm,convert-vector-to-llvm,convert-ub-to-llvm,"
+    "finalize-memref-to-llvm,convert-arith-to-llvm,convert-func-to-llvm,"
     "convert-cf-to-llvm,reconcile-unrealized-casts)",
 }
 
 
 OPT_LEVELS = ("none", "default")
+_OPTIMIZING_STAGES = ("unit-dims", "schedule")  # skipped by opt="none"
 
 
 def check_opt(opt: str) -> str:
@@ -75,6 +83,14 @@ def lower(module: ir.Module, opt: str = "default") -> None:
     """
     check_opt(opt)
     for stage, pipeline in PIPELINES.items():
+        if stage in _OPTIMIZING_STAGES and opt == "none":
+            continue
+        if stage == "schedule":
+            try:
+                schedule(module)
+            except ir.MLIRError as e:
+                raise CompileError(f"stage {stage!r} failed: {e}") from e
+            continue
         if stage in ("fuse-before-reshapes", "linalg"):
             _split_boolean_producers(module)
         if stage == "bufferize":

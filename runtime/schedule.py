@@ -1,0 +1,219 @@
+"""The optimizing schedule of opt="default": tile each linalg op, vectorize the tiles.
+
+`schedule(module)` picks tile sizes for every linalg op it knows how to vectorize (from the
+op's static shapes), writes them as a transform-dialect script and runs MLIR's transform
+interpreter on the module. Ops it does not pick stay as they are and lower to plain loops,
+exactly as in the reference pipeline (opt="none").
+
+- Contractions (batch_matmul, matmul) get a register tile of MATMUL_TILE rows x columns and a
+  reduction step of 1: the vectorized tile is a chain of outer products (one broadcast FMA per
+  row), its accumulator hoisted out of the reduction loop into registers.
+- Everything else that is vectorizable (elementwise and reduction generics, fill, transpose)
+  gets a tile of 1 on every loop but the innermost, which gets up to VECTOR_WIDTH.
+
+Tile sizes always divide the loop sizes, so every tile has a static shape and needs no masks:
+a loop whose size has no divisor near the target gets a smaller tile, down to 1.
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+from mlir.passmanager import PassManager
+
+MATMUL_TILE = (8, 32)  # 8 rows x 32 columns of f32: 16 AVX-512 accumulators
+VECTOR_WIDTH = 64  # innermost tile of other ops: 4 AVX-512 registers of f32
+TRANSPOSE_TILE = 16  # transposes: 16 x 16 tiles
+
+_CONTRACTIONS = {"linalg.batch_matmul": 1, "linalg.matmul": 0}  # op -> number of batch loops
+_PLAIN_MAPS = {
+    "linalg.batch_matmul": "[affine_map<(d0, d1, d2, d3) -> (d0, d1, d3)>, affine_map<(d0, d1, d2, d3) -> "
+    "(d0, d3, d2)>, affine_map<(d0, d1, d2, d3) -> (d0, d1, d2)>]",
+    "linalg.matmul": "[affine_map<(d0, d1, d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> (d2, d1)>, "
+    "affine_map<(d0, d1, d2) -> (d0, d1)>]",
+}
+_VECTORIZABLE = ("linalg.generic", "linalg.fill", "linalg.transpose")
+_TILE_ATTR = "torchtosa.tile"
+
+# After tiling and vectorizing: contractions become outer products with their accumulators in
+# registers; vector transfers and reductions are lowered to what the LLVM lowering handles.
+# Separate pattern sets: lowering broadcasts and shape casts together with canonicalization
+# can loop forever.
+_LOWERING = """
+  transform.apply_patterns to %func {
+    transform.apply_patterns.vector.reduction_to_contract
+    transform.apply_patterns.vector.transfer_permutation_patterns
+    transform.apply_patterns.canonicalization
+  } : !transform.any_op
+  transform.apply_cse to %func : !transform.any_op
+  transform.apply_patterns to %func {
+    transform.apply_patterns.vector.cast_away_vector_leading_one_dim
+    transform.apply_patterns.vector.drop_unit_dims_with_shape_cast
+    transform.apply_patterns.canonicalization
+  } : !transform.any_op
+  %loops = transform.structured.match ops{["scf.for"]} in %func : (!transform.any_op) -> !transform.any_op
+  transform.foreach %loops : !transform.any_op {
+  ^bb0(%loop: !transform.any_op):
+    transform.loop.hoist_loop_invariant_subsets %loop : !transform.any_op
+  }
+  transform.apply_patterns to %func {
+    transform.apply_patterns.vector.lower_contraction lowering_strategy = "outerproduct"
+    transform.apply_patterns.vector.transfer_permutation_patterns
+    transform.apply_patterns.vector.lower_multi_reduction lowering_strategy = "innerparallel"
+    transform.apply_patterns.vector.lower_transpose lowering_strategy = "shuffle_16x16"
+  } : !transform.any_op
+  transform.apply_patterns to %func {
+    transform.apply_patterns.vector.lower_outerproduct
+  } : !transform.any_op
+"""
+
+
+def schedule(module: ir.Module) -> None:
+    """Tile and vectorize the linalg ops of `module` (on tensors) in place."""
+    groups: dict[tuple[int, ...], list[ir.Operation]] = {}
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        sizes = tile_sizes(op)
+        if sizes is not None:
+            groups.setdefault(sizes, []).append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    if not groups:
+        return
+    with module.context, ir.Location.unknown():
+        for sizes, ops in groups.items():
+            for op in ops:
+                op.attributes[_TILE_ATTR] = ir.StringAttr.get(_key(sizes))
+        script = ir.Module.parse(_script(groups))
+        module.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get()
+        for op in list(script.body.operations):
+            op.detach_from_parent()
+            module.body.append(op)
+    try:
+        PassManager.parse("builtin.module(transform-interpreter)", context=module.context).run(module.operation)
+    finally:
+        for op in list(module.body.operations):
+            if op.name == "transform.named_sequence":
+                op.erase()
+        del module.operation.attributes["transform.with_named_sequence"]
+        _drop_tile_attrs(module)
+
+
+def tile_sizes(op: ir.Operation) -> tuple[int, ...] | None:
+    """The tile size of each loop of `op`, or None to leave it alone."""
+    loops = _loop_sizes(op)
+    if loops is None or not loops or 0 in loops:
+        return None
+    if op.name in _CONTRACTIONS:
+        batch = _CONTRACTIONS[op.name]
+        m, n = loops[batch], loops[batch + 1]
+        return (1,) * batch + (_divisor(m, MATMUL_TILE[0]), _divisor(n, MATMUL_TILE[1]), 1)
+    sizes = [1] * (len(loops) - 1) + [_divisor(loops[-1], VECTOR_WIDTH)]
+    inner = _transposed_inner_loop(op)
+    if inner is not None:  # a square tile, transposed in registers, instead of a strided gather
+        sizes[-1] = _divisor(loops[-1], TRANSPOSE_TILE)
+        sizes[inner] = _divisor(loops[inner], TRANSPOSE_TILE)
+    return tuple(sizes)
+
+
+def _transposed_inner_loop(op: ir.Operation) -> int | None:
+    """The loop over an input's innermost dimension, if that is not the innermost loop."""
+    if op.name == "linalg.transpose":
+        perm = list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
+        rank = len(perm)
+        inner = perm.index(rank - 1)  # the output dimension that is the input's last one
+        return inner if inner != rank - 1 else None
+    if op.name != "linalg.generic":
+        return None
+    maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    last = maps[0].n_dims - 1
+    for amap in maps:
+        if amap.results and (pos := ir.AffineDimExpr(amap.results[-1]).position) != last:
+            return pos
+    return None
+
+
+def _loop_sizes(op: ir.Operation) -> tuple[int, ...] | None:
+    """Static loop sizes of a linalg op this schedule handles, else None."""
+    if op.name not in _CONTRACTIONS and op.name not in _VECTORIZABLE:
+        return None
+    shaped = [t for t in [v.type for v in op.operands] + [r.type for r in op.results] if isinstance(t, ir.ShapedType)]
+    if not all(isinstance(t, ir.RankedTensorType) and t.has_static_shape for t in shaped):
+        return None
+    if any(_half(ir.ShapedType(t).element_type) for t in shaped):
+        return None  # LLVM's x86 backend aborts on some bf16 vector ops ("soft promote")
+    if op.name in _CONTRACTIONS:
+        if "indexing_maps" in op.attributes and str(op.attributes["indexing_maps"]) != _PLAIN_MAPS[op.name]:
+            return None  # a transposed or broadcast variant
+        a, b = (ir.RankedTensorType(v.type).shape for v in list(op.operands)[:2])
+        return (*a[:-1], b[-1], a[-1])  # (batch...,) m, n, k
+    if op.name != "linalg.generic":
+        return tuple(ir.RankedTensorType(op.results[0].type).shape)  # fill, transpose: the output's
+    if not _plain_body(op):
+        return None
+    maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    if not all(m.is_projected_permutation for m in maps):
+        return None
+    sizes: dict[int, int] = {}
+    for value, amap in zip(op.operands, maps, strict=True):
+        shape = ir.RankedTensorType(value.type).shape if isinstance(value.type, ir.RankedTensorType) else []
+        for expr, size in zip(amap.results, shape, strict=True):
+            sizes[ir.AffineDimExpr(expr).position] = size
+    n = maps[0].n_dims
+    if set(sizes) != set(range(n)):
+        return None
+    return tuple(sizes[d] for d in range(n))
+
+
+def _half(t: ir.Type) -> bool:
+    return isinstance(t, ir.F16Type | ir.BF16Type)
+
+
+def _plain_body(op: ir.Operation) -> bool:
+    """A generic whose body the vectorizer maps to vector ops: no nested regions, no gathers."""
+    for block in op.regions[0].blocks:
+        for inner in block.operations:
+            if inner.regions or inner.name in ("tensor.extract", "linalg.index"):
+                return False
+            if any(_half(v.type) for v in list(inner.operands) + list(inner.results)):
+                return False
+    return True
+
+
+def _divisor(n: int, target: int) -> int:
+    """The largest divisor of `n` that is at most `target`."""
+    return next(d for d in range(min(n, target), 0, -1) if n % d == 0)
+
+
+def _key(sizes: tuple[int, ...]) -> str:
+    return "x".join(map(str, sizes))
+
+
+def _script(groups: dict[tuple[int, ...], list[ir.Operation]]) -> str:
+    lines = [
+        "module attributes {transform.with_named_sequence} {",
+        "transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {",
+    ]
+    any_op = "!transform.any_op"
+    for i, sizes in enumerate(groups):
+        results = ", ".join([any_op] * (1 + len(sizes)))
+        lines += [
+            f'  %ops{i} = transform.structured.match attributes{{{_TILE_ATTR} = "{_key(sizes)}"}} in %root'
+            f" : ({any_op}) -> {any_op}",
+            f"  %tiled{i}, %loops{i}:{len(sizes)} = transform.structured.tile_using_for %ops{i}"
+            f" tile_sizes [{', '.join(map(str, sizes))}] : ({any_op}) -> ({results})",
+            f"  transform.structured.vectorize %tiled{i} : {any_op}",
+        ]
+    lines.append(f'  %func = transform.structured.match ops{{["func.func"]}} in %root : ({any_op}) -> {any_op}')
+    lines.append(_LOWERING)
+    lines += ["  transform.yield", "}", "}"]
+    return "\n".join(lines)
+
+
+def _drop_tile_attrs(module: ir.Module) -> None:
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if _TILE_ATTR in op.attributes:
+            del op.attributes[_TILE_ATTR]
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
