@@ -1,22 +1,52 @@
-"""`make bench`: time eager, torch.compile (inductor) and torchtosa native code in one run.
+"""`make bench`: time torchtosa's native code against eager PyTorch, Inductor and (if installed) IREE.
 
-For each model: compile time, time per call (median over repeats, after warmup) and the peak
-resident memory that compiling and running added (VmHWM after, minus VmRSS before, with the
-peak reset in between through /proc/self/clear_refs). Inductor gets a fresh cache directory
-per run, so its compile time is a cold compile (pass --warm to reuse its default on-disk cache);
-one-time library loading is paid by a throwaway compile before the first model.
-Nothing here asserts on time: the numbers depend on the machine and its load.
+Workloads (float32, random weights and inputs, eval mode, under torch.no_grad):
+an MLP, a torch.nn TransformerEncoderLayer, a conv block, a 1024^3 matmul and a small
+`transformers` BertModel (built from a config: nothing is downloaded).
+
+Backends:
+- torchtosa opt="default" and opt="none" (the reference lowering to plain loops). By default the
+  reference is timed only on the workloads marked `reference=True` below: all but the 1024^3
+  matmul, where one reference call takes several seconds (each workload's reference compiled in
+  under 10 s on a 2-core EPYC); `--reference` times it on every workload.
+- eager PyTorch with 1 and with 2 intra-op threads (torch.set_num_threads around its batches);
+- torch.compile with Inductor, compiled and run with 1 thread (fresh cache dir: a cold compile
+  unless --warm);
+- IREE (llvm-cpu, local-sync: 1 thread) if `iree-base-compiler` and `iree-base-runtime` are
+  installed (optional: `.venv/bin/pip install -e ".[iree]"`; else the header says "not
+  installed"). It gets the TOSA module torchtosa imports (generic op form, so the two MLIR
+  versions agree on the syntax); where IREE's TOSA validation rejects it, it gets that module
+  lowered to linalg by MLIR's standard tosa-to-linalg passes. iree-compile runs as a subprocess:
+  its MLIR Python bindings cannot be loaded next to ours.
+
+Timing is interleaved: after every backend of a workload is compiled and warmed up, the timing
+batches go round-robin across the backends (the order rotating each round), so drift in machine
+load hits all of them alike. A batch is enough calls to last about 50 ms; each backend gets
+`--repeats` batches (fewer, at least 3, for one so slow that they would take over a minute).
+Reported per call: the median, and the spread as the interquartile range in
+% of the median. GF/s counts FLOPs with torch.utils.flop_counter on the eager model (matmuls,
+linears, convolutions and attention; elementwise ops are not counted). Compile time includes the
+first call. "peak RSS" is how much the process's peak resident memory rose while compiling and
+making the first call (VmHWM, reset through /proc/self/clear_refs).
+
+Prints the table and writes it to docs/benchmarks.md (unless --no-write). Nothing here asserts on
+time: the numbers depend on the machine and its load.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import gc
+import importlib.metadata
 import importlib.util
 import os
+import platform
 import re
+import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,38 +57,175 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+DOC = ROOT / "docs" / "benchmarks.md"
+os.environ["HF_HUB_OFFLINE"] = "1"  # never download: BERT is built from a config
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
+import torch.utils._pytree as pytree  # noqa: E402
 from torch import nn  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count  # noqa: E402
 
 import torchtosa  # noqa: E402
+from torchtosa.capture import capture  # noqa: E402
+from torchtosa.importer import import_graph  # noqa: E402
+
+Inputs = tuple[Any, ...]
+BATCH_S = 0.05  # target duration of one timing batch
+BACKEND_S = 60.0  # a backend slower than BACKEND_S / repeats per call gets fewer batches (at least 3)
+REFERENCE = "torchtosa none"
+EAGER = "eager 1t"
 
 
-def _load(name: str, path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+# ---------------------------------------------------------------- workloads
 
 
-demo = _load("torchtosa_demo", ROOT / "scripts" / "demo.py")
-models = _load("torchtosa_test_models", ROOT / "tests" / "test_models.py")
+class MatMul(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.mm(a, b)
 
 
-def build_mlp_block() -> tuple[nn.Module, tuple]:
-    return demo.MLPBlock(), (torch.randn(32, 64),)
+def build_mlp() -> tuple[nn.Module, Inputs]:
+    model = nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 512))
+    return model, (torch.randn(64, 512),)
 
 
-# name -> builder of (model, inputs); BERT and the CNN are the verified models of tests/test_models.py.
-BENCH_MODELS: dict[str, Callable[[], tuple[nn.Module, tuple]]] = {
-    "demo MLPBlock [32x64]": build_mlp_block,
-    "tiny BERT [2x8 tokens]": models.MODELS["bert"].build,
-    "LeNet+BN CNN [2x1x32x32]": models.MODELS["lenet_bn"].build,
-}
+def build_encoder() -> tuple[nn.Module, Inputs]:
+    layer = nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=1024, batch_first=True)
+    return layer, (torch.randn(4, 64, 256),)
+
+
+def build_conv() -> tuple[nn.Module, Inputs]:
+    model = nn.Sequential(
+        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+    )
+    bn = model[1]
+    with torch.no_grad():  # eval BatchNorm with non-trivial running statistics and affine parameters
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 1.5)
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-0.5, 0.5)
+    return model, (torch.randn(1, 16, 56, 56),)
+
+
+def build_matmul() -> tuple[nn.Module, Inputs]:
+    return MatMul(), (torch.randn(1024, 1024), torch.randn(1024, 1024))
+
+
+def build_bert() -> tuple[nn.Module, Inputs]:
+    # As tests/test_models.py: random weights from a config object, the hub switched off above.
+    from transformers import BertConfig, BertModel
+
+    vocab, seq = 1000, 64
+    config = BertConfig(vocab_size=vocab, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=1024, max_position_embeddings=128)
+    ids = torch.randint(1, vocab, (1, seq))
+    mask = torch.ones(1, seq, dtype=torch.long)  # a tokenizer's mask for an unpadded sequence
+    return BertModel(config), (ids, mask)
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    build: Callable[[], tuple[nn.Module, Inputs]]
+    reference: bool  # time torchtosa opt="none" by default (else only with --reference)
+
+
+WORKLOADS = [
+    Workload("mlp 512-2048-512 [64x512]", build_mlp, reference=True),
+    Workload("encoder layer d256 h4 ff1024 [4x64x256]", build_encoder, reference=True),
+    Workload("conv block 16-32-32 [1x16x56x56]", build_conv, reference=True),
+    Workload("matmul 1024^3", build_matmul, reference=False),
+    Workload("BERT 2 layers h256 [1x64 tokens]", build_bert, reference=True),
+]
+
+
+def count_flops(model: nn.Module, inputs: Inputs) -> int:
+    """FLOPs of one eager call. The encoder layer's fused fast path is switched off (it hides its
+    matmuls from the counter); CPU attention's op is counted with torch's own SDPA formula."""
+
+    def sdpa_cpu(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+        return sdpa_flop_count(query, key, value)
+
+    mapping = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: sdpa_cpu}
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=mapping) as counter:
+            model(*inputs)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+    return counter.get_total_flops()
+
+
+# ---------------------------------------------------------------- IREE (optional)
+
+
+def iree_version() -> str | None:
+    """The installed IREE version, or None unless both the compiler and the runtime are importable."""
+    try:
+        if importlib.util.find_spec("iree.compiler") is None or importlib.util.find_spec("iree.runtime") is None:
+            return None
+        return importlib.metadata.version("iree-base-compiler")
+    except (ImportError, ValueError, importlib.metadata.PackageNotFoundError):
+        return None
+
+
+# MLIR's standard TOSA -> linalg passes, for when IREE's TOSA validation rejects the module.
+_TOSA_TO_LINALG = ("builtin.module(func.func(tosa-optional-decompositions,tosa-infer-shapes,"
+                   "tosa-make-broadcastable,tosa-to-scf,tosa-to-linalg-named,tosa-to-linalg,"
+                   "tosa-to-arith{include-apply-rescale=true},tosa-to-tensor))")
+
+
+def _iree_compile(source: str, input_type: str, out: Path) -> str | None:
+    """Compile MLIR text to a .vmfb with the iree-compile executable; the error text, or None."""
+    spec = importlib.util.find_spec("iree.compiler")
+    assert spec and spec.submodule_search_locations
+    exe = Path(spec.submodule_search_locations[0]) / "_mlir_libs" / "iree-compile"
+    cmd = [str(exe), "-", f"--iree-input-type={input_type}", "--iree-hal-target-device=local",
+           "--iree-hal-local-target-device-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=host", "-o", str(out)]
+    proc = subprocess.run(cmd, input=source.encode(), capture_output=True, check=False)
+    if proc.returncode == 0:
+        return None
+    errors = [line for line in proc.stderr.decode().splitlines() if "error:" in line]
+    return (errors or proc.stderr.decode().splitlines() or ["iree-compile failed"])[0]
+
+
+def make_iree(model: nn.Module, inputs: Inputs, notes: list[str]) -> Callable[..., Any]:
+    """Compile the model's TOSA with IREE; a function of the inputs returning its flat outputs."""
+    import iree.runtime as iree_rt
+    from mlir import ir as mlir_ir
+    from mlir.passmanager import PassManager
+
+    captured = capture(model, inputs, {})
+    program = import_graph(captured.gm)
+    with tempfile.TemporaryDirectory(prefix="torchtosa-bench-iree-") as tmp:
+        vmfb = Path(tmp) / "module.vmfb"
+        error = _iree_compile(program.module.operation.get_asm(print_generic_op_form=True), "tosa", vmfb)
+        if error is not None:
+            linalg = mlir_ir.Module.parse(str(program.module), context=program.context)
+            PassManager.parse(_TOSA_TO_LINALG, context=program.context).run(linalg.operation)
+            second = _iree_compile(linalg.operation.get_asm(print_generic_op_form=True), "none", vmfb)
+            if second is not None:
+                raise RuntimeError(f"iree-compile: {error}; after tosa-to-linalg: {second}")
+            notes.append("IREE rejected the TOSA (" + error.split("error:", 1)[-1].strip()[:60] +
+                         "...); it compiled MLIR's tosa-to-linalg output")
+        flatbuffer = vmfb.read_bytes()
+    config = iree_rt.Config("local-sync")
+    context = iree_rt.SystemContext(config=config)
+    context.add_vm_module(iree_rt.VmModule.copy_buffer(context.instance, flatbuffer))
+    function = context.modules.module[program.name]
+    device = config.device
+    params = [iree_rt.asdevicearray(device, p.detach().contiguous().numpy()) for p in captured.params]
+
+    def call(*args: Any) -> list[np.ndarray]:
+        flat = [x for x in pytree.tree_leaves((args, {})) if isinstance(x, torch.Tensor)]
+        out = function(*params, *[iree_rt.asdevicearray(device, x.numpy()) for x in flat])
+        return [np.asarray(o.to_host()) for o in (out if isinstance(out, (tuple, list)) else [out])]
+
+    return call
 
 
 # ---------------------------------------------------------------- memory
@@ -82,149 +249,278 @@ def _reset_peak() -> bool:
 
 
 @dataclass
-class Result:
+class Backend:
+    name: str
+    threads: int
+    make: Callable[[], Callable[..., Any]]  # compiles; the result is called with the inputs
+    compiles: bool = True
+    fn: Callable[..., Any] | None = None
     compile_s: float | None = None
-    per_call_s: float | None = None
     peak_rss_mib: float | None = None
+    diff: float | None = None
+    number: int = 1  # calls per timing batch
+    repeats: int = 0  # timing batches
+    samples: list[float] = field(default_factory=list)  # seconds per call, one per batch
     error: str | None = None
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.samples) if self.samples else None
 
-def time_per_call(fn: Callable[[], Any], warmup: int, repeats: int, min_batch_s: float = 0.02) -> float:
-    """Median seconds per call over `repeats` batches; a batch is enough calls to last ~min_batch_s."""
-    for _ in range(warmup):
-        fn()
-    start = time.perf_counter()
-    fn()
-    one = max(time.perf_counter() - start, 1e-7)
-    number = max(1, int(min_batch_s / one))
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        samples.append((time.perf_counter() - start) / number)
-    return statistics.median(samples)
+    @property
+    def iqr_pct(self) -> float | None:
+        if len(self.samples) < 2:
+            return None
+        q1, _, q3 = statistics.quantiles(self.samples, n=4, method="inclusive")
+        return 100 * (q3 - q1) / statistics.median(self.samples)
 
 
-def measure(make: Callable[[], Callable[..., Any]], inputs: tuple, expected: Any, warmup: int,
-            repeats: int) -> Result:
-    """Compile with `make()` (+ first call), check the output, time calls; memory from before make()."""
-    result = Result()
+def _leaves(out: Any) -> list[np.ndarray]:
+    return [x.detach().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+            for x in pytree.tree_leaves(out) if isinstance(x, (torch.Tensor, np.ndarray))]
+
+
+def max_diff(got: Any, want: Any) -> float:
+    """Largest |got - want| over corresponding floating-point output tensors."""
+    pairs = [(g, w) for g, w in zip(_leaves(got), _leaves(want), strict=False)
+             if np.issubdtype(w.dtype, np.floating)]
+    if not pairs:
+        raise ValueError("no floating-point output to compare")
+    return max(float(np.max(np.abs(g.astype(np.float64) - w.astype(np.float64)))) for g, w in pairs)
+
+
+def _error(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0][:200] if text else ''}"
+
+
+def prepare(backend: Backend, inputs: Inputs, expected: Any, warmup: int, repeats: int) -> None:
+    """Compile (+ first call, timed together), check against eager, warm up, size the timing batch."""
+    torch.set_num_threads(backend.threads)
     gc.collect()
     can_peak = _reset_peak()
     before = _status("VmRSS")
     try:
         start = time.perf_counter()
-        fn = make()
+        fn = backend.make()
         out = fn(*inputs)  # torch.compile compiles on the first call: count it as compile time
-        result.compile_s = time.perf_counter() - start
-        got, want = _first_tensor(out), _first_tensor(expected)
-        diff = (got - want).abs().max().item()
-        result.notes.append(f"max|diff vs eager|={diff:.1e}")
-        result.per_call_s = time_per_call(lambda: fn(*inputs), warmup, repeats)
+        elapsed = time.perf_counter() - start
+        if can_peak:
+            backend.peak_rss_mib = (_status("VmHWM") - before) / 1024
+        backend.compile_s = elapsed if backend.compiles else None
+        backend.diff = max_diff(out, expected)
+        start = time.perf_counter()
+        for _ in range(warmup):
+            fn(*inputs)
+            if time.perf_counter() - start > BACKEND_S / 10:  # enough warming for a slow backend
+                break
+        start = time.perf_counter()
+        fn(*inputs)
+        one = max(time.perf_counter() - start, 1e-7)
+        backend.number = max(1, round(BATCH_S / one))
+        backend.repeats = min(repeats, max(3, int(BACKEND_S / (one * backend.number))))
+        if backend.repeats < repeats:
+            backend.notes.append(f"{backend.repeats} batches, not {repeats}: {_fmt_time(one)} per call")
+        backend.fn = fn
     except Exception as err:
-        result.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        backend.error = _error(err)
         if os.environ.get("TORCHTOSA_BENCH_TRACE"):
             traceback.print_exc()
-    if can_peak:
-        result.peak_rss_mib = (_status("VmHWM") - before) / 1024
-    return result
 
 
-def _first_tensor(out: Any) -> torch.Tensor:
-    leaves = torch.utils._pytree.tree_leaves(out)
-    return next(x for x in leaves if isinstance(x, torch.Tensor))
+def time_interleaved(backends: list[Backend], inputs: Inputs) -> None:
+    """Rounds of one timing batch per backend, the order rotating per round, until each backend has its
+    `repeats` batches (a slow one may have fewer than the others: it drops out of the later rounds)."""
+    live = [b for b in backends if b.fn is not None]
+    for r in range(max((b.repeats for b in live), default=0)):
+        k = r % len(live)
+        for backend in live[k:] + live[:k]:
+            if len(backend.samples) >= backend.repeats:
+                continue
+            torch.set_num_threads(backend.threads)
+            fn, number = backend.fn, backend.number
+            start = time.perf_counter()
+            for _ in range(number):
+                fn(*inputs)
+            backend.samples.append((time.perf_counter() - start) / number)
+    torch.set_num_threads(1)
+
+
+def backends_for(workload: Workload, model: nn.Module, inputs: Inputs, args: argparse.Namespace,
+                 iree: str | None) -> list[Backend]:
+    def inductor() -> Callable[..., Any]:
+        torch._dynamo.reset()  # torchtosa captures with dynamo too: start inductor from a clean cache
+        return torch.compile(model)
+
+    backends = [
+        Backend("torchtosa default", 1, lambda: torchtosa.compile(model, *inputs, opt="default")),
+    ]
+    if args.reference or workload.reference:
+        backends.append(Backend(REFERENCE, 1, lambda: torchtosa.compile(model, *inputs, opt="none")))
+    backends += [
+        Backend(EAGER, 1, lambda: model, compiles=False),
+        Backend("eager 2t", 2, lambda: model, compiles=False),
+    ]
+    if iree:
+        iree_notes: list[str] = []
+        backends.append(Backend("iree 1t", 1, lambda: make_iree(model, inputs, iree_notes), notes=iree_notes))
+    backends.append(Backend("inductor 1t", 1, inductor))  # last: nothing captures with dynamo after it
+    return backends
+
+
+# ---------------------------------------------------------------- reporting
 
 
 def _fmt_time(s: float | None) -> str:
     if s is None:
         return "-"
-    return f"{s * 1e3:.3f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} us"
+    value, unit = (s, "s") if s >= 1 else (s * 1e3, "ms") if s >= 1e-3 else (s * 1e6, "us")
+    return f"{value:.3g} {unit}"
 
 
-def _fmt(x: float | None, unit: str, digits: int = 1) -> str:
-    return "-" if x is None else f"{x:.{digits}f}{unit}"
+def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if x is None else f"{x:{spec}}{suffix}"
 
 
-def _ratio(a: Result, b: Result) -> str:
-    if a.per_call_s is None or b.per_call_s is None:
-        return "-"
-    return f"{a.per_call_s / b.per_call_s:.2f}x"
+HEADER = ["workload", "backend", "time/call (median)", "IQR", "vs eager 1t", "GF/s", "compile (+1st call)",
+          "max abs diff vs eager", "peak RSS +MiB"]
 
 
-def _tiny(x: torch.Tensor) -> torch.Tensor:
-    return x * 2 + 1
+def rows_of(name: str, flops: int, backends: list[Backend]) -> list[list[str]]:
+    eager = next((b for b in backends if b.name == EAGER), None)
+    base = eager.median if eager else None
+    rows = []
+    for b in backends:
+        med = b.median
+        if b.error:
+            rows.append([name, b.name, "failed", "-", "-", "-", _fmt(b.compile_s, ".2f", " s"), "-", "-"])
+            continue
+        ratio = f"{base / med:.2f}x faster" if base and med and med <= base else (
+            f"{med / base:.2f}x slower" if base and med else "-")
+        if b.name == EAGER:
+            ratio = "1.00x"
+        gflops = flops / med / 1e9 if med and flops else None
+        rows.append([name, b.name, _fmt_time(med), _fmt(b.iqr_pct, ".1f", "%"), ratio, _fmt(gflops, ".1f"),
+                     _fmt(b.compile_s, ".2f", " s"), _fmt(b.diff, ".1e"), _fmt(b.peak_rss_mib, ".1f")])
+    return rows
+
+
+def markdown(rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def command_line() -> str:
+    script = Path(sys.argv[0]).resolve()
+    with contextlib.suppress(ValueError):
+        script = script.relative_to(ROOT)  # never an absolute path of this machine
+    return shlex.join(["python", str(script), *sys.argv[1:]])
+
+
+def write_doc(env: dict[str, str], table: str, notes: list[str]) -> None:
+    text = ["# Benchmarks", "",
+            "Written by `scripts/bench.py` (`make bench`); regenerate rather than edit. The method (backends, "
+            "interleaved timing, FLOP counting, what compile time and peak RSS include) is described in the "
+            "script's docstring.", ""]
+    text += [f"- {key}: {value}" for key, value in env.items()]
+    text += ["", table, ""]
+    if notes:
+        text += ["Notes:", ""] + [f"- {note}" for note in notes] + [""]
+    DOC.write_text("\n".join(text))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5, help="untimed calls per backend before timing")
+    parser.add_argument("--repeats", type=int, default=30, help="timing batches per backend")
+    parser.add_argument("--only", help="substring of a workload name to run")
+    parser.add_argument("--reference", action="store_true",
+                        help='time torchtosa opt="none" on every workload (by default only on the small ones)')
     parser.add_argument("--warm", action="store_true", help="reuse inductor's default on-disk cache")
-    parser.add_argument("--only", help="substring of a model name to run")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads for eager and inductor (torchtosa's native code runs "
-                             "on one thread, so 1 compares like with like)")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(1)
 
     if not args.warm:
-        cache = tempfile.mkdtemp(prefix="torchtosa-bench-inductor-")
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
-    load = os.getloadavg()[0]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} intra-op threads, {os.cpu_count()} CPUs, "
-          f"load average {load:.1f}; warmup {args.warmup}, median of {args.repeats} repeats; "
-          f"inductor cache: {'default (warm)' if args.warm else 'fresh (cold compile)'}")
-    if load > (os.cpu_count() or 1):
-        print(f"warning: the machine is busy (load {load:.1f} > {os.cpu_count()} CPUs): times are noisy")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchtosa-bench-inductor-")
+    loads = os.getloadavg()
+    cpus = os.cpu_count() or 1
+    iree = iree_version()
+    env = {
+        "date (UTC)": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
+        "CPU": f"{cpu_model()}, {cpus} cores",
+        "torch": torch.__version__,
+        "IREE": iree or "not installed",
+        "load average at start (1/5/15 min)": " / ".join(f"{x:.2f}" for x in loads),
+        "command": f"`{command_line()}`",
+        "timing": f"{args.warmup} warmup calls, median of {args.repeats} interleaved batches of ~{BATCH_S * 1e3:.0f} "
+                  f"ms per backend; inductor cache {'default (warm)' if args.warm else 'fresh (cold compile)'}",
+    }
+    for key, value in env.items():
+        print(f"{key}: {value.strip('`')}")
+    notes: list[str] = []
+    if loads[0] > cpus / 2:
+        notes.append(f"the machine was busy (load {loads[0]:.1f} on {cpus} cores): times are noisy")
+        print(f"warning: {notes[-1]}")
 
     # One-time costs (importing inductor, loading the MLIR libraries) go to a throwaway compile of a
-    # tiny function first, so the first model's compile time and memory are not charged with them.
+    # tiny function first, so the first workload's compile time and memory are not charged with them.
     with torch.no_grad():
         x = torch.randn(4)
-        torch.compile(_tiny)(x)
-        torchtosa.compile(_tiny, x)(x)
+        torch.compile(lambda t: t * 2 + 1)(x)
+        torchtosa.compile(lambda t: t * 2 + 1, x)(x)
     torch._dynamo.reset()
 
-    rows = []
-    for name, build in BENCH_MODELS.items():
-        if args.only and args.only not in name:
+    rows: list[list[str]] = []
+    for workload in WORKLOADS:
+        if args.only and args.only.lower() not in workload.name.lower():
             continue
         torch.manual_seed(0)
-        model, inputs = build()
+        torch._dynamo.reset()
+        model, inputs = workload.build()
         model.eval()
-        results: dict[str, Result] = {}
         with torch.no_grad():
+            flops = count_flops(model, inputs)
+            torch.set_num_threads(1)
             expected = model(*inputs)
-            results["eager"] = measure(lambda m=model: m, inputs, expected, args.warmup, args.repeats)
-            torch._dynamo.reset()
-            results["inductor"] = measure(lambda m=model: torch.compile(m), inputs, expected, args.warmup,
-                                          args.repeats)
-            torch._dynamo.reset()
-            results["torchtosa"] = measure(lambda m=model, i=inputs: torchtosa.compile(m, *i), inputs,
-                                           expected, args.warmup, args.repeats)
-        results["eager"].compile_s = None  # nothing to compile
-        rows.append((name, results))
-        for backend, r in results.items():
-            status = r.error or ", ".join(r.notes)
-            print(f"  {name:26s} {backend:9s} compile {_fmt(r.compile_s, ' s', 2):>9s}  "
-                  f"call {_fmt_time(r.per_call_s):>10s}  peak RSS +{_fmt(r.peak_rss_mib, ' MiB')}  {status}",
-                  flush=True)
+            backends = backends_for(workload, model, inputs, args, iree)
+            print(f"\n{workload.name}: {flops / 1e9:.3f} GFLOP per call", flush=True)
+            for backend in backends:
+                prepare(backend, inputs, expected, args.warmup, args.repeats)
+                status = backend.error or (f"compile {_fmt(backend.compile_s, '.2f', ' s')}, "
+                                           f"max abs diff {_fmt(backend.diff, '.1e')}, "
+                                           f"{backend.repeats} batches of {backend.number} calls")
+                print(f"  {backend.name:18s} {status}", flush=True)
+            time_interleaved(backends, inputs)
+        for backend in backends:
+            if backend.error:
+                notes.append(f"{backend.name} failed on {workload.name}: {backend.error}")
+            notes += [f"{backend.name} on {workload.name}: {note}" for note in backend.notes]
+        if not any(b.name == REFERENCE for b in backends):
+            notes.append(f'{REFERENCE} skipped on {workload.name} (slow to compile and run; pass --reference)')
+        new = rows_of(workload.name, flops, backends)
+        rows += new
+        for row in new:
+            print("  " + "  ".join(row[1:]), flush=True)
 
+    table = markdown(rows)
     print()
-    print("| model | eager | inductor | torchtosa | torchtosa/eager | torchtosa/inductor "
-          "| compile inductor | compile torchtosa | peak RSS +MiB eager / inductor / torchtosa |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name, r in rows:
-        e, i, t = r["eager"], r["inductor"], r["torchtosa"]
-        print(f"| {name} | {_fmt_time(e.per_call_s)} | {_fmt_time(i.per_call_s) if not i.error else 'failed'} "
-              f"| {_fmt_time(t.per_call_s) if not t.error else 'failed'} | {_ratio(t, e)} | {_ratio(t, i)} "
-              f"| {_fmt(i.compile_s, ' s', 2)} | {_fmt(t.compile_s, ' s', 2)} "
-              f"| {_fmt(e.peak_rss_mib, '')} / {_fmt(i.peak_rss_mib, '')} / {_fmt(t.peak_rss_mib, '')} |")
-    failures = [(name, backend, res.error) for name, r in rows for backend, res in r.items() if res.error]
-    for name, backend, error in failures:
-        print(f"{backend} failed on {name}: {error}")
+    print(table)
+    for note in notes:
+        print(note)
+    if not args.no_write and rows:
+        write_doc(env, table, notes)
+        print(f"\nwrote {DOC.relative_to(ROOT)}")
     return 0
 
 

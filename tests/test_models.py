@@ -9,8 +9,8 @@ Every model is built with random weights from a tiny config (nothing is download
   `fullgraph` so a graph break cannot hide eager fallbacks, and the test checks that native
   code actually ran).
 
-`MODELS` is the single list of verified model families: `scripts/coverage.py` and
-`scripts/bench.py` read it too.
+`MODELS` is the single list of verified model families: `scripts/coverage.py` reads it too
+(`scripts/bench.py` builds its larger BERT the same way).
 """
 
 from __future__ import annotations
