@@ -95,6 +95,7 @@ def lower(module: ir.Module, opt: str = "default") -> None:
             _split_boolean_producers(module)
         if stage == "bufferize":
             _distinct_results(module)
+            _private_empty_tensors(module)
         if stage == "llvm":
             _reject_sub_byte_buffers(module)
         pm = PassManager.parse(pipeline, context=module.context)
@@ -128,6 +129,23 @@ def _split_boolean_producers(module: ir.Module) -> None:
             for use in list(result.uses)[1:]:
                 clone = op.clone(ip=ir.InsertionPoint(op))
                 use.owner.operands[use.operand_number] = clone.results[i]
+
+
+def _private_empty_tensors(module: ir.Module) -> None:
+    """Give each use of a tensor.empty its own: CSE merges them, and bufferization then makes
+    ops that only share an uninitialized destination conflict, resolved with buffer copies."""
+    empties: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "tensor.empty" and not op.operands:
+            empties.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    for op in empties:
+        for use in list(op.results[0].uses)[1:]:
+            clone = op.clone(ip=ir.InsertionPoint(op))
+            use.owner.operands[use.operand_number] = clone.results[0]
 
 
 def _distinct_results(module: ir.Module) -> None:

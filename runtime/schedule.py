@@ -25,6 +25,7 @@ VECTOR_WIDTH = 64  # innermost tile of other ops: 4 AVX-512 registers of f32
 TRANSPOSE_TILE = 16  # transposes: 16 x 16 tiles
 
 _CONTRACTIONS = {"linalg.batch_matmul": 1, "linalg.matmul": 0}  # op -> number of batch loops
+_CONV = "linalg.conv_2d_nhwc_fhwc"  # loops (n, oh, ow, f, kh, kw, c)
 _PLAIN_MAPS = {
     "linalg.batch_matmul": "[affine_map<(d0, d1, d2, d3) -> (d0, d1, d3)>, affine_map<(d0, d1, d2, d3) -> "
     "(d0, d3, d2)>, affine_map<(d0, d1, d2, d3) -> (d0, d1, d2)>]",
@@ -58,7 +59,7 @@ _LOWERING = """
   transform.apply_patterns to %func {
     transform.apply_patterns.vector.lower_contraction lowering_strategy = "outerproduct"
     transform.apply_patterns.vector.transfer_permutation_patterns
-    transform.apply_patterns.vector.lower_multi_reduction lowering_strategy = "innerparallel"
+    transform.apply_patterns.vector.lower_multi_reduction lowering_strategy = "innerreduction"
     transform.apply_patterns.vector.lower_transpose lowering_strategy = "shuffle_16x16"
   } : !transform.any_op
   transform.apply_patterns to %func {
@@ -69,21 +70,21 @@ _LOWERING = """
 
 def schedule(module: ir.Module) -> None:
     """Tile and vectorize the linalg ops of `module` (on tensors) in place."""
-    groups: dict[tuple[int, ...], list[ir.Operation]] = {}
+    groups: dict[tuple[str, tuple[int, ...]], list[ir.Operation]] = {}
 
     def visit(op: ir.Operation) -> ir.WalkResult:
         sizes = tile_sizes(op)
         if sizes is not None:
-            groups.setdefault(sizes, []).append(op)
+            groups.setdefault((op.name if op.name == _CONV else "", sizes), []).append(op)
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
     if not groups:
         return
     with module.context, ir.Location.unknown():
-        for sizes, ops in groups.items():
+        for key, ops in groups.items():
             for op in ops:
-                op.attributes[_TILE_ATTR] = ir.StringAttr.get(_key(sizes))
+                op.attributes[_TILE_ATTR] = ir.StringAttr.get(_key(key))
         script = ir.Module.parse(_script(groups))
         module.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get()
         for op in list(script.body.operations):
@@ -97,6 +98,10 @@ def schedule(module: ir.Module) -> None:
                 op.erase()
         del module.operation.attributes["transform.with_named_sequence"]
         _drop_tile_attrs(module)
+    # canonicalize drops the loop-carried values that hoisting leaves unchanged, which
+    # bufferization would otherwise resolve with a buffer copy per tile
+    PassManager.parse("builtin.module(canonicalize,cse)", context=module.context).run(module.operation)
+    _reassociate_reductions(module)
 
 
 def tile_sizes(op: ir.Operation) -> tuple[int, ...] | None:
@@ -104,6 +109,9 @@ def tile_sizes(op: ir.Operation) -> tuple[int, ...] | None:
     loops = _loop_sizes(op)
     if loops is None or not loops or 0 in loops:
         return None
+    if op.name == _CONV:
+        _, _, ow, f, _, _, _ = loops
+        return (1, 1, _divisor(ow, MATMUL_TILE[0]), _divisor(f, MATMUL_TILE[1]), 1, 1, 1)
     if op.name in _CONTRACTIONS:
         batch = _CONTRACTIONS[op.name]
         m, n = loops[batch], loops[batch + 1]
@@ -117,7 +125,7 @@ def tile_sizes(op: ir.Operation) -> tuple[int, ...] | None:
 
 
 def _transposed_inner_loop(op: ir.Operation) -> int | None:
-    """The loop over an input's innermost dimension, if that is not the innermost loop."""
+    """The loop over an operand's innermost dimension, if the innermost loop strides through that operand."""
     if op.name == "linalg.transpose":
         perm = list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
         rank = len(perm)
@@ -128,14 +136,15 @@ def _transposed_inner_loop(op: ir.Operation) -> int | None:
     maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
     last = maps[0].n_dims - 1
     for amap in maps:
-        if amap.results and (pos := ir.AffineDimExpr(amap.results[-1]).position) != last:
-            return pos
+        dims = [ir.AffineDimExpr(e).position for e in amap.results]
+        if last in dims and dims[-1] != last:  # reads or writes along the innermost loop with a stride
+            return dims[-1]
     return None
 
 
 def _loop_sizes(op: ir.Operation) -> tuple[int, ...] | None:
     """Static loop sizes of a linalg op this schedule handles, else None."""
-    if op.name not in _CONTRACTIONS and op.name not in _VECTORIZABLE:
+    if op.name not in _CONTRACTIONS and op.name not in _VECTORIZABLE and op.name != _CONV:
         return None
     shaped = [t for t in [v.type for v in op.operands] + [r.type for r in op.results] if isinstance(t, ir.ShapedType)]
     if not all(isinstance(t, ir.RankedTensorType) and t.has_static_shape for t in shaped):
@@ -147,6 +156,10 @@ def _loop_sizes(op: ir.Operation) -> tuple[int, ...] | None:
             return None  # a transposed or broadcast variant
         a, b = (ir.RankedTensorType(v.type).shape for v in list(op.operands)[:2])
         return (*a[:-1], b[-1], a[-1])  # (batch...,) m, n, k
+    if op.name == _CONV:
+        w = ir.RankedTensorType(op.operands[1].type).shape
+        n, oh, ow, f = ir.RankedTensorType(op.results[0].type).shape
+        return (n, oh, ow, f, w[1], w[2], w[3])
     if op.name != "linalg.generic":
         return tuple(ir.RankedTensorType(op.results[0].type).shape)  # fill, transpose: the output's
     if not _plain_body(op):
@@ -185,29 +198,49 @@ def _divisor(n: int, target: int) -> int:
     return next(d for d in range(min(n, target), 0, -1) if n % d == 0)
 
 
-def _key(sizes: tuple[int, ...]) -> str:
-    return "x".join(map(str, sizes))
+def _key(key: tuple[str, tuple[int, ...]]) -> str:
+    return f"{key[0]}:{'x'.join(map(str, key[1]))}"
 
 
-def _script(groups: dict[tuple[int, ...], list[ir.Operation]]) -> str:
+def _script(groups: dict[tuple[str, tuple[int, ...]], list[ir.Operation]]) -> str:
     lines = [
         "module attributes {transform.with_named_sequence} {",
         "transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {",
     ]
     any_op = "!transform.any_op"
-    for i, sizes in enumerate(groups):
+    for i, (kind, sizes) in enumerate(groups):
         results = ", ".join([any_op] * (1 + len(sizes)))
-        lines += [
-            f'  %ops{i} = transform.structured.match attributes{{{_TILE_ATTR} = "{_key(sizes)}"}} in %root'
-            f" : ({any_op}) -> {any_op}",
-            f"  %tiled{i}, %loops{i}:{len(sizes)} = transform.structured.tile_using_for %ops{i}"
-            f" tile_sizes [{', '.join(map(str, sizes))}] : ({any_op}) -> ({results})",
-            f"  transform.structured.vectorize %tiled{i} : {any_op}",
-        ]
+        lines.append(f'  %ops{i} = transform.structured.match attributes{{{_TILE_ATTR} = "{_key((kind, sizes))}"}}'
+                     f" in %root : ({any_op}) -> {any_op}")
+        if kind == _CONV:  # filter to HWCF, then each tile (one output row, one filter tap) is a 1-D conv
+            lines.append(f"  %ops{i}_hwcf = transform.structured.transpose_conv2d %ops{i} : ({any_op}) -> {any_op}")
+        lines.append(f"  %tiled{i}, %loops{i}:{len(sizes)} = transform.structured.tile_using_for "
+                     f"%ops{i}{'_hwcf' if kind == _CONV else ''} tile_sizes [{', '.join(map(str, sizes))}]"
+                     f" : ({any_op}) -> ({results})")
+        if kind == _CONV:
+            lines.append(f"  %tiled{i}_1d = transform.structured.decompose %tiled{i} : ({any_op}) -> {any_op}")
+        lines.append(f"  transform.structured.vectorize %tiled{i}{'_1d' if kind == _CONV else ''} : {any_op}")
     lines.append(f'  %func = transform.structured.match ops{{["func.func"]}} in %root : ({any_op}) -> {any_op}')
     lines.append(_LOWERING)
     lines += ["  transform.yield", "}", "}"]
     return "\n".join(lines)
+
+
+def _reassociate_reductions(module: ir.Module) -> None:
+    """Let LLVM sum each vector.reduction as a tree rather than element by element.
+
+    The vectorized reductions already add in another order than a sequential loop (as PyTorch's
+    own kernels do); without `reassoc` a float reduction of a vector is one long dependent chain.
+    """
+    with module.context:
+        reassoc = ir.Attribute.parse("#arith.fastmath<reassoc>")
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "vector.reduction":
+            op.attributes["fastmath"] = reassoc
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
 
 
 def _drop_tile_attrs(module: ir.Module) -> None:
