@@ -116,12 +116,40 @@ def tile_sizes(op: ir.Operation) -> tuple[int, ...] | None:
         batch = _CONTRACTIONS[op.name]
         m, n = loops[batch], loops[batch + 1]
         return (1,) * batch + (_divisor(m, MATMUL_TILE[0]), _divisor(n, MATMUL_TILE[1]), 1)
+    contraction = _generic_contraction(op)
+    if contraction is not None:  # a matmul that elementwise fusion generalized to move a reshape
+        m, n = contraction
+        sizes = [1] * len(loops)
+        sizes[m], sizes[n] = _divisor(loops[m], MATMUL_TILE[0]), _divisor(loops[n], MATMUL_TILE[1])
+        return tuple(sizes)
     sizes = [1] * (len(loops) - 1) + [_divisor(loops[-1], VECTOR_WIDTH)]
     inner = _transposed_inner_loop(op)
     if inner is not None:  # a square tile, transposed in registers, instead of a strided gather
         sizes[-1] = _divisor(loops[-1], TRANSPOSE_TILE)
         sizes[inner] = _divisor(loops[inner], TRANSPOSE_TILE)
     return tuple(sizes)
+
+
+def _generic_contraction(op: ir.Operation) -> tuple[int, int] | None:
+    """The (m, n) loops of a generic that is a matmul-like sum of products, else None.
+
+    n is the output's innermost dimension and m the one before it; the register tile needs
+    the second input to run along n contiguously.
+    """
+    if op.name != "linalg.generic" or len(op.operands) != 3:
+        return None
+    iterators = [str(t) for t in ir.ArrayAttr(op.attributes["iterator_types"])]
+    if sum("reduction" in t for t in iterators) != 1:
+        return None
+    body = [inner.name for block in op.regions[0].blocks for inner in block.operations]
+    if body not in (["arith.mulf", "arith.addf", "linalg.yield"], ["arith.muli", "arith.addi", "linalg.yield"]):
+        return None
+    maps = [[ir.AffineDimExpr(e).position for e in ir.AffineMapAttr(m).value.results]
+            for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    out = maps[2]
+    if len(out) < 2 or not maps[1] or maps[1][-1] != out[-1]:
+        return None
+    return out[-2], out[-1]
 
 
 def _transposed_inner_loop(op: ir.Operation) -> int | None:
