@@ -177,8 +177,8 @@ def _loop_sizes(op: ir.Operation) -> tuple[int, ...] | None:
     shaped = [t for t in [v.type for v in op.operands] + [r.type for r in op.results] if isinstance(t, ir.ShapedType)]
     if not all(isinstance(t, ir.RankedTensorType) and t.has_static_shape for t in shaped):
         return None
-    if any(_half(ir.ShapedType(t).element_type) for t in shaped):
-        return None  # LLVM's x86 backend aborts on some bf16 vector ops ("soft promote")
+    if not all(_vector_element(ir.ShapedType(t).element_type) for t in shaped):
+        return None
     if op.name in _CONTRACTIONS:
         if "indexing_maps" in op.attributes and str(op.attributes["indexing_maps"]) != _PLAIN_MAPS[op.name]:
             return None  # a transposed or broadcast variant
@@ -206,17 +206,22 @@ def _loop_sizes(op: ir.Operation) -> tuple[int, ...] | None:
     return tuple(sizes[d] for d in range(n))
 
 
-def _half(t: ir.Type) -> bool:
-    return isinstance(t, ir.F16Type | ir.BF16Type)
+def _vector_element(t: ir.Type) -> bool:
+    """f32, f64 or a signless integer. Not f16/bf16: LLVM's x86 backend aborts on some of their
+    vector ops ("soft promote"); not unsigned integers, which only tosa.rescale uses."""
+    return isinstance(t, ir.F32Type | ir.F64Type) or (isinstance(t, ir.IntegerType) and t.is_signless)
 
 
 def _plain_body(op: ir.Operation) -> bool:
-    """A generic whose body the vectorizer maps to vector ops: no nested regions, no gathers."""
+    """A generic whose body the vectorizer maps to vector ops: arith and math ops on f32, f64 or
+    signless integers, no nested regions, no gathers."""
     for block in op.regions[0].blocks:
         for inner in block.operations:
             if inner.regions or inner.name in ("tensor.extract", "linalg.index"):
                 return False
-            if any(_half(v.type) for v in list(inner.operands) + list(inner.results)):
+            if inner.name != "linalg.yield" and not inner.name.startswith(("arith.", "math.")):
+                return False
+            if not all(_vector_element(v.type) for v in list(inner.operands) + list(inner.results)):
                 return False
     return True
 
