@@ -34,6 +34,7 @@ _PLAIN_MAPS = {
 }
 _VECTORIZABLE = ("linalg.generic", "linalg.fill", "linalg.transpose")
 _TILE_ATTR = "torchtosa.tile"
+Key = tuple[str, tuple[int, ...], tuple[int, ...]]  # (conv or "", tile sizes, loop order)
 
 # After tiling and vectorizing: contractions become outer products with their accumulators in
 # registers; vector transfers and reductions are lowered to what the LLVM lowering handles.
@@ -70,12 +71,12 @@ _LOWERING = """
 
 def schedule(module: ir.Module) -> None:
     """Tile and vectorize the linalg ops of `module` (on tensors) in place."""
-    groups: dict[tuple[str, tuple[int, ...]], list[ir.Operation]] = {}
+    groups: dict[Key, list[ir.Operation]] = {}
 
     def visit(op: ir.Operation) -> ir.WalkResult:
         sizes = tile_sizes(op)
         if sizes is not None:
-            groups.setdefault((op.name if op.name == _CONV else "", sizes), []).append(op)
+            groups.setdefault((op.name if op.name == _CONV else "", sizes, loop_order(op)), []).append(op)
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
@@ -128,6 +129,23 @@ def tile_sizes(op: ir.Operation) -> tuple[int, ...] | None:
         sizes[-1] = _divisor(loops[-1], TRANSPOSE_TILE)
         sizes[inner] = _divisor(loops[inner], TRANSPOSE_TILE)
     return tuple(sizes)
+
+
+def loop_order(op: ir.Operation) -> tuple[int, ...]:
+    """The order of the tile loops: contractions walk the columns (n) outside the rows (m), so
+    one column panel of the second input stays in cache while every row tile passes over it."""
+    n_loops = len(_loop_sizes(op) or ())
+    order = list(range(n_loops))
+    if op.name in _CONTRACTIONS:
+        m = _CONTRACTIONS[op.name]
+        mn = (m, m + 1)
+    else:
+        mn = _generic_contraction(op)
+    if mn is not None:
+        m, n = mn
+        order.remove(n)
+        order.insert(order.index(m), n)
+    return tuple(order)
 
 
 def _generic_contraction(op: ir.Operation) -> tuple[int, int] | None:
@@ -231,24 +249,27 @@ def _divisor(n: int, target: int) -> int:
     return next(d for d in range(min(n, target), 0, -1) if n % d == 0)
 
 
-def _key(key: tuple[str, tuple[int, ...]]) -> str:
-    return f"{key[0]}:{'x'.join(map(str, key[1]))}"
+def _key(key: Key) -> str:
+    kind, sizes, order = key
+    return f"{kind}:{'x'.join(map(str, sizes))}:{'.'.join(map(str, order))}"
 
 
-def _script(groups: dict[tuple[str, tuple[int, ...]], list[ir.Operation]]) -> str:
+def _script(groups: dict[Key, list[ir.Operation]]) -> str:
     lines = [
         "module attributes {transform.with_named_sequence} {",
         "transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {",
     ]
     any_op = "!transform.any_op"
-    for i, (kind, sizes) in enumerate(groups):
+    for i, key in enumerate(groups):
+        kind, sizes, order = key
         results = ", ".join([any_op] * (1 + len(sizes)))
-        lines.append(f'  %ops{i} = transform.structured.match attributes{{{_TILE_ATTR} = "{_key((kind, sizes))}"}}'
+        lines.append(f'  %ops{i} = transform.structured.match attributes{{{_TILE_ATTR} = "{_key(key)}"}}'
                      f" in %root : ({any_op}) -> {any_op}")
         if kind == _CONV:  # filter to HWCF, then each tile (one output row, one filter tap) is a 1-D conv
             lines.append(f"  %ops{i}_hwcf = transform.structured.transpose_conv2d %ops{i} : ({any_op}) -> {any_op}")
         lines.append(f"  %tiled{i}, %loops{i}:{len(sizes)} = transform.structured.tile_using_for "
                      f"%ops{i}{'_hwcf' if kind == _CONV else ''} tile_sizes [{', '.join(map(str, sizes))}]"
+                     f" interchange = [{', '.join(map(str, order))}]"
                      f" : ({any_op}) -> ({results})")
         if kind == _CONV:
             lines.append(f"  %tiled{i}_1d = transform.structured.decompose %tiled{i} : ({any_op}) -> {any_op}")
