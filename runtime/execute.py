@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import math
 import operator
 import os
 from collections.abc import Sequence
@@ -20,7 +21,7 @@ from mlir import ir
 from mlir.execution_engine import ExecutionEngine
 
 from .errors import CompileError, InputMismatch, Unsupported
-from .pipeline import lower
+from .pipeline import Scratch, lower
 
 # Element type of each supported dtype at the boundary, as the TOSA builder
 # (tosa.py) types it; bool is a byte holding 0 or 1.
@@ -87,13 +88,13 @@ class NativeFunction:
         self.outputs = tuple(outputs)
         self.name = name
         self._module = _prepare(module, name, self.inputs, self.outputs)
-        lower(self._module, opt)
+        scratch = lower(self._module, opt)
         self._engine = _jit(self._module)
         address = self._engine.raw_lookup("_mlir_ciface_" + name)
         if not address:
             raise CompileError(f"JIT could not link @{name} (unresolved symbols are reported on stderr)")
         self._fn = _PACKED(address)
-        self._layout = _FrameLayout([s.shape for s in self.inputs + self.outputs])
+        self._layout = _FrameLayout([s.shape for s in self.inputs + self.outputs], scratch)
         self._free_frames: list[_Frame] = []
         self._checks = [(torch.Size(s.shape), s.dtype) for s in self.inputs]
         self._results = [(s.shape, s.dtype) for s in self.outputs]
@@ -131,24 +132,33 @@ class NativeFunction:
 
 
 class _Frame:
-    """Argument memory of one call: descriptors, pointers to them, then the packed args."""
+    """Argument memory of one call: descriptors, pointers to them, then the packed args.
 
-    def __init__(self, words: ctypes.Array, descriptors: list[int]) -> None:
+    `descriptors` indexes the descriptors of the per-call tensors (inputs, then outputs); the
+    frame's own scratch buffers follow them, their pointers set once.
+    """
+
+    def __init__(self, words: ctypes.Array, descriptors: list[int], n_args: int,
+                 scratch: list[torch.Tensor]) -> None:
         self.words = words
-        self.descriptors = descriptors  # index of each descriptor in words
-        self.args = ctypes.addressof(words) + _WORD * (len(words) - len(descriptors))
+        self.descriptors = descriptors
+        self.args = ctypes.addressof(words) + _WORD * (len(words) - n_args)
+        self.scratch = scratch  # kept alive with the frame
 
 
 class _FrameLayout:
     """Makes frames for contiguous memrefs of fixed shapes; only data pointers vary per call."""
 
-    def __init__(self, shapes: Sequence[tuple[int, ...]]) -> None:
+    def __init__(self, shapes: Sequence[tuple[int, ...]], scratch: Sequence[Scratch] = ()) -> None:
         self._template: list[int] = []
         self._descriptors: list[int] = []
-        for shape in shapes:
+        self._scratch = [(shape, width) for shape, width in scratch]
+        all_shapes = [*shapes, *(shape for shape, _ in self._scratch)]
+        for shape in all_shapes:
             self._descriptors.append(len(self._template))
             self._template += [0, 0, 0, *shape, *_contiguous_strides(shape)]
-        self._type = ctypes.c_uint64 * (len(self._template) + 2 * len(shapes))
+        self._n_tensors = len(shapes)
+        self._type = ctypes.c_uint64 * (len(self._template) + 2 * len(all_shapes))
 
     def new_frame(self) -> _Frame:
         words = self._type()
@@ -157,7 +167,10 @@ class _FrameLayout:
         first_pointer = len(self._template)
         packed = [base + _WORD * (first_pointer + i) for i in range(len(pointers))]
         words[:] = self._template + pointers + packed
-        return _Frame(words, self._descriptors)
+        scratch = [torch.empty(max(1, math.prod(shape)) * width, dtype=torch.uint8) for shape, width in self._scratch]
+        for index, buffer in zip(self._descriptors[self._n_tensors:], scratch, strict=True):
+            words[index] = words[index + 1] = buffer.data_ptr()
+        return _Frame(words, self._descriptors[: self._n_tensors], len(pointers), scratch)
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> list[int]:

@@ -76,12 +76,20 @@ def check_opt(opt: str) -> str:
     return opt
 
 
-def lower(module: ir.Module, opt: str = "default") -> None:
+Scratch = tuple[tuple[int, ...], int]  # (shape, bytes per element) of a buffer the caller provides
+
+
+def lower(module: ir.Module, opt: str = "default") -> list[Scratch]:
     """Lower a TOSA module in place to the LLVM dialect.
 
+    With opt="default", the function's intermediate buffers become extra trailing arguments
+    (after the outputs): the caller allocates them once and reuses them for every call, instead
+    of the native code allocating and freeing (and the kernel zeroing) them each time. Returns
+    their shapes and element sizes, in argument order.
     Raises CompileError naming the failing stage, with MLIR's diagnostics.
     """
     check_opt(opt)
+    scratch: list[Scratch] = []
     for stage, pipeline in PIPELINES.items():
         if stage in _OPTIMIZING_STAGES and opt == "none":
             continue
@@ -98,11 +106,63 @@ def lower(module: ir.Module, opt: str = "default") -> None:
             _private_empty_tensors(module)
         if stage == "llvm":
             _reject_sub_byte_buffers(module)
+            if opt != "none":
+                scratch = _promote_allocations(module)
         pm = PassManager.parse(pipeline, context=module.context)
         try:
             pm.run(module.operation)
         except ir.MLIRError as e:
             raise CompileError(f"stage {stage!r} failed: {e}") from e
+    return scratch
+
+
+# Uses that mean deallocation decides at run time who owns a buffer: never hand such a buffer
+# to the caller, whose memory the native code must not free.
+_OWNERSHIP_OPS = ("memref.extract_aligned_pointer_as_index", "bufferization.dealloc", "memref.realloc",
+                  "func.call", "func.return", "scf.yield")
+
+
+def _promote_allocations(module: ir.Module) -> list[Scratch]:
+    """Turn each static memref.alloc at the top of a function into a trailing argument."""
+    scratch: list[Scratch] = []
+    for func in module.body.operations:
+        if func.operation.name != "func.func" or not func.regions[0].blocks:
+            continue
+        entry = func.regions[0].blocks[0]
+        allocs = [op for op in entry.operations if op.operation.name == "memref.alloc"
+                  and not op.operands and _plain_memref(op.results[0].type)
+                  and not any(u.owner.name in _OWNERSHIP_OPS for u in op.results[0].uses)]
+        if not allocs:
+            continue
+        signature = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+        new_inputs = list(signature.inputs)
+        with module.context, ir.Location.unknown():
+            for alloc in allocs:
+                t = ir.MemRefType(alloc.results[0].type)
+                argument = entry.add_argument(t, ir.Location.unknown())
+                new_inputs.append(t)
+                for use in list(alloc.results[0].uses):
+                    if use.owner.name == "memref.dealloc":
+                        use.owner.erase()
+                alloc.results[0].replace_all_uses_with(argument)
+                alloc.operation.erase()
+                scratch.append((tuple(t.shape), _element_bytes(t.element_type)))
+            func.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(new_inputs, signature.results))
+            if "arg_attrs" in func.attributes:
+                attrs = list(ir.ArrayAttr(func.attributes["arg_attrs"]))
+                attrs += [ir.DictAttr.get({})] * len(allocs)
+                func.attributes["arg_attrs"] = ir.ArrayAttr.get(attrs)
+    return scratch
+
+
+def _plain_memref(t: ir.Type) -> bool:
+    """A static, contiguous memref in the default memory space (no layout or space printed)."""
+    return isinstance(t, ir.MemRefType) and t.has_static_shape and ", " not in str(t)
+
+
+def _element_bytes(t: ir.Type) -> int:
+    width = t.width if isinstance(t, ir.IntegerType) else ir.FloatType(t).width
+    return max(1, width // 8)
 
 
 def _split_boolean_producers(module: ir.Module) -> None:
