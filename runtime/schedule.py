@@ -5,11 +5,17 @@ op's static shapes), writes them as a transform-dialect script and runs MLIR's t
 interpreter on the module. Ops it does not pick stay as they are and lower to plain loops,
 exactly as in the reference pipeline (opt="none").
 
-- Contractions (batch_matmul, matmul) get a register tile of MATMUL_TILE rows x columns and a
-  reduction step of 1: the vectorized tile is a chain of outer products (one broadcast FMA per
-  row), its accumulator hoisted out of the reduction loop into registers.
+- Contractions (batch_matmul, matmul, and generics that are a sum of products, as elementwise
+  fusion leaves a matmul it moved a reshape through) get a register tile of MATMUL_TILE rows x
+  columns and a reduction step of 1: the vectorized tile is a chain of outer products (one
+  broadcast FMA per row), its accumulator hoisted out of the reduction loop into registers.
+  Column tiles are the outer loop, so a column panel of the second operand stays in cache.
+- 2-D convolutions (NHWC) get the same register tile over (output column, output channel); each
+  tile, one output row and one filter tap, is decomposed into a 1-D convolution and vectorized.
 - Everything else that is vectorizable (elementwise and reduction generics, fill, transpose)
-  gets a tile of 1 on every loop but the innermost, which gets up to VECTOR_WIDTH.
+  gets a tile of 1 on every loop but the innermost, which gets up to VECTOR_WIDTH; an op that
+  strides through an operand along that loop (a transpose) gets square TRANSPOSE_TILE tiles,
+  transposed in registers. Vector reductions are marked reassociable so LLVM sums them as trees.
 
 Tile sizes always divide the loop sizes, so every tile has a static shape and needs no masks:
 a loop whose size has no divisor near the target gets a smaller tile, down to 1.
