@@ -173,8 +173,8 @@ def opinfo_section(data: dict[str, Any] | None) -> list[str]:
     table = registry()
     ran = data.get("torch", "?")
     lines += [
-        "`tests/test_opinfo.py` runs the samples of every OpInfo of `torch.testing._internal."
-        "common_methods_invocations.op_db` whose aten op the registry maps through `torchtosa.compile` and",
+        "`tests/test_opinfo.py` compiles the samples of every OpInfo of `torch.testing._internal."
+        "common_methods_invocations.op_db` whose aten op the registry maps with `torchtosa.compile` and",
         "compares each result with eager (`assert_close`, NaNs equal). Read from `docs/opinfo.json` "
         f"(torch {ran}; "
         + ("full run: every sample in every tested dtype" if data.get("full") else
