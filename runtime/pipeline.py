@@ -6,11 +6,19 @@ MemRef-to-LLVM conversion asserts on sub-byte elements and would abort the
 whole process. So before "linalg" every use of an elementwise i1 result gets
 its own producer (which elementwise fusion then inlines into the consumer), and
 before "llvm" a guard raises CompileError on any remaining i1 buffer.
+
+TOSA's folders are not IEEE-exact: `tosa.mul` by a splat zero folds to zero (inf * 0 and
+NaN * 0 are NaN) and `tosa.add` of a splat zero folds to the other operand (-0.0 + 0.0
+is +0.0). Every greedy pass and the dialect conversion apply folders, and a zero can
+appear by folding anywhere upstream (a cast of a constant, an integer `i * 0`). So before
+"tosa-to-linalg" every float `tosa.mul`/`tosa.add` becomes the `linalg.generic` that
+tosa-to-linalg would make of it, whose `arith.mulf`/`arith.addf` fold exactly.
 """
 
 from __future__ import annotations
 
 from mlir import ir
+from mlir.dialects import arith, linalg, tensor
 from mlir.passmanager import PassManager
 
 from .errors import CompileError
@@ -21,7 +29,8 @@ PIPELINES: dict[str, str] = {
     # passes first, as in MLIR's own tosa-to-linalg-pipeline (minus validation).
     # tosa-to-scf (cond_if, while_loop, scatter) must precede tosa-to-linalg,
     # which rejects scatter. No canonicalize while TOSA ops remain: TOSA's
-    # folders are not IEEE-exact (x * 0.0 folds to 0 even for x = inf or NaN).
+    # folders are not IEEE-exact (x * 0.0 folds to 0 even for x = inf or NaN);
+    # float mul/add are already linalg.generic here (_exact_float_arith).
     # Ops of fallback dialects applied to tensors (math.atan, ...: ElementwiseMappable)
     # become linalg.generic like the TOSA ones.
     "tosa-to-linalg": "builtin.module(func.func("
@@ -99,6 +108,8 @@ def lower(module: ir.Module, opt: str = "default") -> list[Scratch]:
             except ir.MLIRError as e:
                 raise CompileError(f"stage {stage!r} failed: {e}") from e
             continue
+        if stage == "tosa-to-linalg":
+            _exact_float_arith(module)
         if stage in ("fuse-before-reshapes", "linalg"):
             _split_boolean_producers(module)
         if stage == "bufferize":
@@ -163,6 +174,56 @@ def _plain_memref(t: ir.Type) -> bool:
 def _element_bytes(t: ir.Type) -> int:
     width = t.width if isinstance(t, ir.IntegerType) else ir.FloatType(t).width
     return max(1, width // 8)
+
+
+_FLOAT_ARITH = {"tosa.mul": arith.MulFOp, "tosa.add": arith.AddFOp}
+
+
+def _exact_float_arith(module: ir.Module) -> None:
+    """Replace each float tosa.mul / tosa.add by a broadcasting linalg.generic of arith.mulf / addf.
+
+    The generic is what tosa-to-linalg makes of the op (a size-1 operand dimension is read
+    at index 0); only no TOSA folder sees it, so `x * 0.0` stays NaN for x = inf or NaN and
+    `-0.0 + 0.0` stays +0.0. arith's folders are IEEE-exact (mulf x, 1 and addf x, -0 only).
+    """
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if (op.name in _FLOAT_ARITH and len(op.results) == 1
+                and isinstance(op.results[0].type, ir.RankedTensorType)
+                and isinstance(ir.RankedTensorType(op.results[0].type).element_type, ir.FloatType)):
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    with module.context:
+        _generic_float_arith(found)
+
+
+def _generic_float_arith(found: list[ir.Operation]) -> None:
+    parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
+    for op in found:
+        result = ir.RankedTensorType(op.results[0].type)
+        shape, elem = list(result.shape), result.element_type
+        operands = list(op.operands)[:2]  # tosa.mul's third operand is its (integer-only) shift
+        if not result.has_static_shape or any(ir.RankedTensorType(v.type).rank != len(shape) for v in operands):
+            continue  # not what the importer emits; leave it to tosa-to-linalg
+        maps = []
+        for v in operands:
+            dims = ir.RankedTensorType(v.type).shape
+            exprs = [ir.AffineExpr.get_constant(0) if d != n else ir.AffineDimExpr.get(i)
+                     for i, (d, n) in enumerate(zip(dims, shape, strict=True))]
+            maps.append(ir.AffineMapAttr.get(ir.AffineMap.get(len(shape), 0, exprs)))
+        maps.append(ir.AffineMapAttr.get(ir.AffineMap.get_identity(len(shape))))
+        with ir.InsertionPoint(op), op.location:
+            empty = tensor.EmptyOp(shape, elem).result
+            generic = linalg.GenericOp([result], operands, [empty], ir.ArrayAttr.get(maps),
+                                       ir.ArrayAttr.get([parallel] * len(shape)))
+            body = generic.regions[0].blocks.append(elem, elem, elem)
+            with ir.InsertionPoint(body):
+                linalg.YieldOp([_FLOAT_ARITH[op.name](body.arguments[0], body.arguments[1]).result])
+        op.results[0].replace_all_uses_with(generic.results[0])
+        op.erase()
 
 
 def _split_boolean_producers(module: ir.Module) -> None:

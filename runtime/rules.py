@@ -78,7 +78,9 @@ def broadcast(a: Sequence[int], b: Sequence[int], c: Sequence[int] | None = None
     if c is not None:
         return broadcast(broadcast(a, b), c)
     if not broadcastable(a, b):
-        raise InvalidInput(f"shapes {list(a)} and {list(b)} are not broadcastable")
+        i, x, y = next((i, x, y) for i, (x, y) in enumerate(zip(a[::-1], b[::-1])) if x != y and 1 not in (x, y))
+        raise InvalidInput(f"The size of tensor a ({x}) must match the size of tensor b ({y}) at non-singleton "
+                           f"dimension {max(len(a), len(b)) - 1 - i} (shapes {list(a)} and {list(b)} do not broadcast)")
     n = max(len(a), len(b))
     a = [1] * (n - len(a)) + list(a)
     b = [1] * (n - len(b)) + list(b)

@@ -6,12 +6,15 @@ tagged `torch.Tag.core`; an overload is lowered when the generated registry
 is derived from torch's own metadata (schema, tags, the decomposition table capture applies).
 The models are `MODELS` of tests/test_models.py: each is captured, compiled to native code and
 compared with eager exactly as the test does (pass --no-run to only capture their graphs).
+The OpInfo section is read from docs/opinfo.json, which tests/test_opinfo.py writes when run with
+TORCHTOSA_OPINFO_JSON=1 (PyTorch's OpInfo samples through `torchtosa.compile`, against eager).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -22,6 +25,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "coverage.md"
+OPINFO = ROOT / "docs" / "opinfo.json"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -140,6 +144,65 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def load_opinfo(path: Path = OPINFO) -> dict[str, Any] | None:
+    """docs/opinfo.json as tests/test_opinfo.py writes it, or None if it was never written."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+
+
+def opinfo_headline(data: dict[str, Any] | None) -> str:
+    if not data or not data.get("ops"):
+        return ""
+    ops = data["ops"].values()
+    count = {k: sum(1 for r in ops if r["outcome"] == k) for k in ("pass", "fail", "unsupported")}
+    samples = sum(sum(r["samples"].values()) for r in ops)
+    return (f"PyTorch's OpInfo samples of the {len(data['ops'])} OpInfos whose op torchtosa maps: "
+            f"{count['pass']} pass, {count['fail']} fail, {count['unsupported']} unsupported "
+            f"({samples} samples compiled and compared with eager; "
+            + ("every sample in every tested dtype" if data.get("full") else "first 3 samples in one dtype each")
+            + ").")
+
+
+def opinfo_section(data: dict[str, Any] | None) -> list[str]:
+    lines = ["", "## PyTorch OpInfo samples", ""]
+    if not data or not data.get("ops"):
+        return [*lines, "No results: run `TORCHTOSA_OPINFO_JSON=1 .venv/bin/python -m pytest tests/test_opinfo.py` "
+                        "(writes `docs/opinfo.json`), then `make coverage`."]
+    table = registry()
+    ran = data.get("torch", "?")
+    lines += [
+        "`tests/test_opinfo.py` compiles the samples of every OpInfo of `torch.testing._internal."
+        "common_methods_invocations.op_db` whose aten op the registry maps with `torchtosa.compile` and",
+        "compares each result with eager (`assert_close`, NaNs equal). Read from `docs/opinfo.json` "
+        f"(torch {ran}; "
+        + ("full run: every sample in every tested dtype" if data.get("full") else
+           "bounded run as in `make test`: the first 3 samples in float32, or the OpInfo's first tested dtype")
+        + "; regenerate it with `TORCHTOSA_OPINFO_JSON=1 .venv/bin/python -m pytest tests/test_opinfo.py`, "
+        "`TORCHTOSA_OPINFO_FULL=1` for every sample and dtype).",
+        "",
+        "Result: **pass** when no sample fails and at least one passes; **fail** when a sample's "
+        "result differs from eager or compiling it errs (the test then fails); **unsupported** when "
+        "every sample run raised `torchtosa.Unsupported` (a spec's `limits`, an empty tensor, an op "
+        "without entry). \"aten overloads\" are those in the captured graphs of its samples "
+        "(*italic*: no registry entry).",
+        "",
+    ]
+    if ran.split("+")[0] != torch.__version__.split("+")[0]:
+        lines += [f"Note: these results are from torch {ran}, this page from torch {torch.__version__}.", ""]
+    lines += ["| OpInfo | aten overloads | result | samples run | note |", "|---|---|---|---|---|"]
+    for name, r in data["ops"].items():
+        hits = " ".join(f"`{op}`" if op in table else f"*`{op}`*" for op in r.get("overloads", [])) or "—"
+        counts = r["samples"]
+        run = ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "none"
+        result = {"fail": "**fail**"}.get(r["outcome"], r["outcome"])
+        note = r["notes"][0] if r["notes"] else ""  # the first sample that did not pass, and why
+        note = _md(note if len(note) <= 240 else note[:239] + "…")
+        lines.append(f"| `{name}` | {hits} | {result} | {run} | {note} |")
+    return lines
+
+
 def render(models: list[ModelStatus], ran: bool) -> tuple[str, str]:
     table = registry()
     decomposed = set(core_aten_decompositions())
@@ -161,15 +224,19 @@ def render(models: list[ModelStatus], ran: bool) -> tuple[str, str]:
     headline = (f"torchtosa lowers {len(lowered)} of {len(core)} core ATen overloads ({pct:.1f}%) "
                 f"in torch {torch.__version__.split('+')[0]}; {model_part}.")
 
+    opinfo = load_opinfo()
+    opinfo_line = opinfo_headline(opinfo)
     lines = [
         "# Coverage",
         "",
         "Generated by `make coverage` (`scripts/coverage.py`) from torch's operator registry, the",
-        "generated op registry (`torchtosa.registry.registry()`, rendered from `opdefs/*.yaml`) and the",
-        "models of `tests/test_models.py`. Do not edit by hand.",
+        "generated op registry (`torchtosa.registry.registry()`, rendered from `opdefs/*.yaml`), the",
+        "models of `tests/test_models.py` and the OpInfo results of `tests/test_opinfo.py`",
+        "(`docs/opinfo.json`). Do not edit by hand.",
         "",
         f"**{headline}**",
         "",
+        *([f"**{opinfo_line}**", ""] if opinfo_line else []),
         "## Models",
         "",
         "Each model is built with random weights from a tiny config, captured, compiled to native code",
@@ -235,7 +302,8 @@ def render(models: list[ModelStatus], ran: bool) -> tuple[str, str]:
         else:
             note = ""
         lines.append(f"| `{name}` | {_lowered_by(table[name])} | {note} | {', '.join(used_by.get(name, []))} |")
-    return "\n".join(lines) + "\n", headline
+    lines += opinfo_section(opinfo)
+    return "\n".join(lines) + "\n", headline + (" " + opinfo_line if opinfo_line else "")
 
 
 def main() -> int:

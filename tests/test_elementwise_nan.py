@@ -105,3 +105,50 @@ def test_integer_pow(dtype: torch.dtype) -> None:
 def test_float_to_int_truncates() -> None:
     x = torch.tensor([-2.5, -1.5, -0.5, -0.0, 0.5, 1.5, 2.5, 3.7, -3.7, 1000.5, -700.9])
     check(lambda x: (x.to(torch.int32), x.long(), x.half().to(torch.int64), x.bfloat16().int(), x.bool()), x)
+
+
+def check_signed(fn: Callable, *args: torch.Tensor) -> None:
+    """As check, and the sign of every zero must match too (assert_close counts -0.0 == 0.0)."""
+    got = torchtosa.compile(fn, *args)(*args)
+    want = fn(*args)
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+    keep = ~want.isnan()
+    assert torch.equal(torch.signbit(got[keep]), torch.signbit(want[keep])), f"signs of zeros: {got} != {want}"
+
+
+class _TimesZeroBuffer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("z", torch.zeros(len(SPECIAL)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.mul(x, self.z.to(x.dtype))
+
+
+# TOSA's folders turned x * (splat 0) into 0 (inf * 0 and NaN * 0 are NaN) and x + (splat 0)
+# into x (-0.0 + 0.0 is +0.0), wherever a zero constant reached a float mul/add, even by folding
+CONSTANT_OPERANDS = {
+    "x*0": lambda x: x * 0.0,
+    "0*x": lambda x: 0.0 * x,
+    "x*-0": lambda x: x * -0.0,
+    "x*0int": lambda x: x * 0,
+    "x*zeros": lambda x: torch.mul(x, torch.zeros(len(SPECIAL), dtype=x.dtype)),
+    "zeros_like*x": lambda x: torch.zeros_like(x) * x,
+    "x*(i*0)": lambda x: x * (torch.arange(len(SPECIAL)) * 0).to(x.dtype),
+    "x*zeros_broadcast": lambda x: x.reshape(-1, 1) * torch.zeros(1, 3, dtype=x.dtype),
+    "x+0*x": lambda x: x + 0.0 * x,
+    "0/x": lambda x: 0.0 / x,
+    "x+0": lambda x: x + 0.0,
+    "0+x": lambda x: 0.0 + x,
+    "x+-0": lambda x: x + -0.0,
+    "x-0": lambda x: x - 0.0,
+    "x*1": lambda x: x * 1.0,
+    "x/1": lambda x: x / 1.0,
+    "buffer": _TimesZeroBuffer(),
+}
+
+
+@pytest.mark.parametrize("dtype", [*FLOATS, torch.float64], ids=str)
+@pytest.mark.parametrize("name", CONSTANT_OPERANDS)
+def test_constant_operands_are_not_folded(name: str, dtype: torch.dtype) -> None:
+    check_signed(CONSTANT_OPERANDS[name], torch.tensor(SPECIAL).to(dtype))

@@ -29,6 +29,7 @@ docs/opinfo.json) every test merges its OpInfo's result into that JSON file:
       "ops": {
         "<OpInfo name>[.<variant>]": {       # e.g. "add", "max.reduction_with_dim"
           "aten": "add",                     # the OpInfo's aten_name
+          "overloads": ["aten.add.Tensor"],  # aten overloads in the captured graphs of its samples
           "outcome": "pass",                 # "pass" | "fail" | "unsupported" (no sample passed or failed)
           "samples": {"pass": 3, "fail": 0, "unsupported": 0},
           "dtypes": {"float32": "pass"},     # outcome per dtype run, same words
@@ -55,6 +56,7 @@ import torch.utils._pytree as pytree
 
 import torchtosa
 from torchtosa import InvalidInput, Unsupported
+from torchtosa.capture import capture
 from torchtosa.registry import registry
 
 pytest.importorskip("expecttest")
@@ -130,8 +132,16 @@ def _compare(got: Any, want: Any, values: bool = True) -> None:
             assert g == w
 
 
-def run_samples(o: Any, samples: list[Any]) -> list[tuple[str, str]]:
-    """(outcome, reason) of each sample, compiled together: one function returning every result."""
+def _graph_overloads(gm: torch.fx.GraphModule) -> set[str]:
+    return {str(n.target) for n in gm.graph.nodes
+            if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)}
+
+
+def run_samples(o: Any, samples: list[Any], hits: set[str] | None = None) -> list[tuple[str, str]]:
+    """(outcome, reason) of each sample, compiled together: one function returning every result.
+
+    `hits` collects the aten overloads of the captured graph (captured again when compiling fails).
+    """
     parts = [_split(s) for s in samples]
     tensors = [t for ts, _ in parts for t in ts]
     counts = [len(ts) for ts, _ in parts]
@@ -149,14 +159,22 @@ def run_samples(o: Any, samples: list[Any]) -> list[tuple[str, str]]:
             want = fn(*[t.clone() for t in tensors])
         except Exception as err:
             return [("skip", f"eager raises {type(err).__name__}: {err}")] * len(samples)
+        compiled = torchtosa.CompiledFunction(fn)
         try:
-            got = torchtosa.compile(fn, *tensors)(*tensors)
-        except Unsupported as err:
-            return [("unsupported", str(err).splitlines()[0][:300])] * len(samples)
-        except InvalidInput as err:
-            return [("fail", f"InvalidInput although eager accepts it: {str(err)[:500]}")] * len(samples)
+            compiled.prepare(*tensors)
+            got = compiled(*tensors)
         except Exception as err:
+            if hits is not None and not compiled.compiled:
+                with contextlib.suppress(Exception):  # capture itself may be what failed
+                    hits |= _graph_overloads(capture(fn, tuple(tensors), {}).gm)
+            if isinstance(err, Unsupported):
+                return [("unsupported", str(err).splitlines()[0][:300])] * len(samples)
+            if isinstance(err, InvalidInput):
+                return [("fail", f"InvalidInput although eager accepts it: {str(err)[:500]}")] * len(samples)
             return [("fail", f"{type(err).__name__}: {str(err)[:500]}")] * len(samples)
+        if hits is not None:
+            for captured, _, _ in compiled.compiled.values():
+                hits |= _graph_overloads(captured.gm)
     out = []
     for g, w in zip(got, want, strict=True):
         try:
@@ -172,6 +190,7 @@ def run_opinfo(o: Any) -> dict[str, Any]:
     counts = {"pass": 0, "fail": 0, "unsupported": 0}
     per_dtype: dict[str, str] = {}
     notes: list[str] = []
+    hits: set[str] = set()
     for dtype in dtypes_for(o):
         if time.monotonic() - start > OPINFO_BUDGET:
             break
@@ -181,13 +200,13 @@ def run_opinfo(o: Any) -> dict[str, Any]:
             samples = list(o.sample_inputs("cpu", dtype, requires_grad=False))
         if not FULL:
             samples = samples[:OPINFO_SAMPLES]
-        results = run_samples(o, samples) if samples else []
+        results = run_samples(o, samples, hits) if samples else []
         if len(samples) > 1 and any(k != "pass" for k, _ in results):
             results = []  # attribute each outcome to its sample
             for s in samples:
                 if time.monotonic() - start > OPINFO_BUDGET:
                     break
-                results += run_samples(o, [s])
+                results += run_samples(o, [s], hits)
         name = str(dtype).removeprefix("torch.")
         for i, (kind, why) in enumerate(results):
             if kind == "skip":
@@ -197,8 +216,12 @@ def run_opinfo(o: Any) -> dict[str, Any]:
                 notes.append(f"{name} #{i}: {kind}: {why}")
         kinds = {k for k, _ in results}
         per_dtype[name] = "fail" if "fail" in kinds else "pass" if "pass" in kinds else "unsupported"
+    if not dtypes_for(o):
+        notes.append("no sample run: the OpInfo supports none of the dtypes tested on CPU ("
+                     + ", ".join(str(d).removeprefix("torch.") for d in DTYPES) + ")")
     outcome = "fail" if counts["fail"] else "pass" if counts["pass"] else "unsupported"
-    return {"aten": o.aten_name, "outcome": outcome, "samples": counts, "dtypes": per_dtype, "notes": notes}
+    return {"aten": o.aten_name, "overloads": sorted(hits), "outcome": outcome, "samples": counts,
+            "dtypes": per_dtype, "notes": notes}
 
 
 def _record(name: str, result: dict[str, Any]) -> None:

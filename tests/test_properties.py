@@ -48,7 +48,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_ops import DTYPES, call_torch, describe, entry_for, fake_results, random_tensor
+from test_ops import DTYPES, UNSPECIFIED_VALUES, call_torch, describe, entry_for, fake_results, random_tensor
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
@@ -289,11 +289,19 @@ def check(e: OpDef, args: dict[str, Any]) -> str:
     assert got == expected, f"the rules give {got}, torch gives {expected}\n{where}"
     real = materialize(e, args, real=True)
     try:
+        want = None
         if FUZZ:
-            want = call_torch(e, real)
+            try:
+                want = call_torch(e, real)
+            except Exception:  # eager rejects these random values (an index out of range, an integer // 0)
+                want = None  # data-dependent: nothing to compare, the lowering is still checked
+        if want is not None:
             out = run_op(entry, real)
             tol = e.tolerance or {}
             for g, w in zip(out, want, strict=True):
+                if e.op in UNSPECIFIED_VALUES:  # empty*: values are whatever memory held
+                    assert (g.shape, g.dtype) == (w.shape, w.dtype), f"{g.dtype}{list(g.shape)} != {w}"
+                    continue
                 torch.testing.assert_close(g, w, equal_nan=True,
                                            **({"rtol": tol["rtol"], "atol": tol["atol"]} if tol else {}))
         else:
