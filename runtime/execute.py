@@ -152,7 +152,7 @@ class _FrameLayout:
     def __init__(self, shapes: Sequence[tuple[int, ...]], scratch: Sequence[Scratch] = ()) -> None:
         self._template: list[int] = []
         self._descriptors: list[int] = []
-        self._scratch = [(shape, width) for shape, width in scratch]
+        self._scratch = list(scratch)
         all_shapes = [*shapes, *(shape for shape, _ in self._scratch)]
         for shape in all_shapes:
             self._descriptors.append(len(self._template))

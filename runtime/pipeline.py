@@ -88,8 +88,8 @@ def check_opt(opt: str) -> str:
 Scratch = tuple[tuple[int, ...], int]  # (shape, bytes per element) of a buffer the caller provides
 
 
-def lower(module: ir.Module, opt: str = "default") -> list[Scratch]:
-    """Lower a TOSA module in place to the LLVM dialect.
+def lower(module: ir.Module, opt: str = "default", stop_before: str | None = None) -> list[Scratch]:
+    """Lower a TOSA module in place to the LLVM dialect (or up to the stage `stop_before`).
 
     With opt="default", the function's intermediate buffers become extra trailing arguments
     (after the outputs): the caller allocates them once and reuses them for every call, instead
@@ -100,6 +100,8 @@ def lower(module: ir.Module, opt: str = "default") -> list[Scratch]:
     check_opt(opt)
     scratch: list[Scratch] = []
     for stage, pipeline in PIPELINES.items():
+        if stage == stop_before:
+            break
         if stage in _OPTIMIZING_STAGES and opt == "none":
             continue
         if stage == "schedule":
@@ -246,10 +248,7 @@ def _split_boolean_producers(module: ir.Module) -> None:
     module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
     # Consumers first: their clones add uses to the producers they read.
     for op in reversed(producers):
-        for i, result in enumerate(op.results):
-            for use in list(result.uses)[1:]:
-                clone = op.clone(ip=ir.InsertionPoint(op))
-                use.owner.operands[use.operand_number] = clone.results[i]
+        _clone_per_extra_use(op)
 
 
 def _private_empty_tensors(module: ir.Module) -> None:
@@ -264,9 +263,15 @@ def _private_empty_tensors(module: ir.Module) -> None:
 
     module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
     for op in empties:
-        for use in list(op.results[0].uses)[1:]:
+        _clone_per_extra_use(op)
+
+
+def _clone_per_extra_use(op: ir.Operation) -> None:
+    """Give every use of `op`'s results after the first its own clone of `op`."""
+    for i, result in enumerate(op.results):
+        for use in list(result.uses)[1:]:
             clone = op.clone(ip=ir.InsertionPoint(op))
-            use.owner.operands[use.operand_number] = clone.results[0]
+            use.owner.operands[use.operand_number] = clone.results[i]
 
 
 def _distinct_results(module: ir.Module) -> None:

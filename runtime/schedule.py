@@ -80,9 +80,9 @@ def schedule(module: ir.Module) -> None:
     groups: dict[Key, list[ir.Operation]] = {}
 
     def visit(op: ir.Operation) -> ir.WalkResult:
-        sizes = tile_sizes(op)
-        if sizes is not None:
-            groups.setdefault((op.name if op.name == _CONV else "", sizes, loop_order(op)), []).append(op)
+        tiling = plan(op)
+        if tiling is not None:
+            groups.setdefault((op.name if op.name == _CONV else "", *tiling), []).append(op)
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
@@ -111,47 +111,42 @@ def schedule(module: ir.Module) -> None:
     _reassociate_reductions(module)
 
 
-def tile_sizes(op: ir.Operation) -> tuple[int, ...] | None:
-    """The tile size of each loop of `op`, or None to leave it alone."""
+def plan(op: ir.Operation) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The tile size of each loop of `op` and the order of the tile loops, or None to leave it alone.
+
+    Contractions walk the columns (n) outside the rows (m), so one column panel of the second
+    input stays in cache while every row tile passes over it.
+    """
     loops = _loop_sizes(op)
     if loops is None or not loops or 0 in loops:
         return None
+    order = list(range(len(loops)))
     if op.name == _CONV:
         _, _, ow, f, _, _, _ = loops
-        return (1, 1, _divisor(ow, MATMUL_TILE[0]), _divisor(f, MATMUL_TILE[1]), 1, 1, 1)
-    if op.name in _CONTRACTIONS:
-        batch = _CONTRACTIONS[op.name]
-        m, n = loops[batch], loops[batch + 1]
-        return (1,) * batch + (_divisor(m, MATMUL_TILE[0]), _divisor(n, MATMUL_TILE[1]), 1)
-    contraction = _generic_contraction(op)
-    if contraction is not None:  # a matmul that elementwise fusion generalized to move a reshape
-        m, n = contraction
-        sizes = [1] * len(loops)
+        return (1, 1, _divisor(ow, MATMUL_TILE[0]), _divisor(f, MATMUL_TILE[1]), 1, 1, 1), tuple(order)
+    sizes = [1] * len(loops)
+    mn = _matmul_loops(op)
+    if mn is not None:  # reduction step 1: the k loop keeps tile 1
+        m, n = mn
         sizes[m], sizes[n] = _divisor(loops[m], MATMUL_TILE[0]), _divisor(loops[n], MATMUL_TILE[1])
-        return tuple(sizes)
-    sizes = [1] * (len(loops) - 1) + [_divisor(loops[-1], VECTOR_WIDTH)]
-    inner = _transposed_inner_loop(op)
+        order.remove(n)
+        order.insert(order.index(m), n)
+        return tuple(sizes), tuple(order)
+    sizes[-1] = _divisor(loops[-1], VECTOR_WIDTH)
+    inner = _transposed_inner_loop(op, len(loops))
     if inner is not None:  # a square tile, transposed in registers, instead of a strided gather
         sizes[-1] = _divisor(loops[-1], TRANSPOSE_TILE)
         sizes[inner] = _divisor(loops[inner], TRANSPOSE_TILE)
-    return tuple(sizes)
+    return tuple(sizes), tuple(order)
 
 
-def loop_order(op: ir.Operation) -> tuple[int, ...]:
-    """The order of the tile loops: contractions walk the columns (n) outside the rows (m), so
-    one column panel of the second input stays in cache while every row tile passes over it."""
-    n_loops = len(_loop_sizes(op) or ())
-    order = list(range(n_loops))
+def _matmul_loops(op: ir.Operation) -> tuple[int, int] | None:
+    """The (m, n) loops of a named contraction, or of a generic one (a matmul that elementwise
+    fusion generalized to move a reshape through it)."""
     if op.name in _CONTRACTIONS:
-        m = _CONTRACTIONS[op.name]
-        mn = (m, m + 1)
-    else:
-        mn = _generic_contraction(op)
-    if mn is not None:
-        m, n = mn
-        order.remove(n)
-        order.insert(order.index(m), n)
-    return tuple(order)
+        batch = _CONTRACTIONS[op.name]
+        return batch, batch + 1
+    return _generic_contraction(op)
 
 
 def _generic_contraction(op: ir.Operation) -> tuple[int, int] | None:
@@ -168,15 +163,14 @@ def _generic_contraction(op: ir.Operation) -> tuple[int, int] | None:
     body = [inner.name for block in op.regions[0].blocks for inner in block.operations]
     if body not in (["arith.mulf", "arith.addf", "linalg.yield"], ["arith.muli", "arith.addi", "linalg.yield"]):
         return None
-    maps = [[ir.AffineDimExpr(e).position for e in ir.AffineMapAttr(m).value.results]
-            for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    maps = _map_dims(op)
     out = maps[2]
     if len(out) < 2 or not maps[1] or maps[1][-1] != out[-1]:
         return None
     return out[-2], out[-1]
 
 
-def _transposed_inner_loop(op: ir.Operation) -> int | None:
+def _transposed_inner_loop(op: ir.Operation, n_loops: int) -> int | None:
     """The loop over an operand's innermost dimension, if the innermost loop strides through that operand."""
     if op.name == "linalg.transpose":
         perm = list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
@@ -185,13 +179,17 @@ def _transposed_inner_loop(op: ir.Operation) -> int | None:
         return inner if inner != rank - 1 else None
     if op.name != "linalg.generic":
         return None
-    maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
-    last = maps[0].n_dims - 1
-    for amap in maps:
-        dims = [ir.AffineDimExpr(e).position for e in amap.results]
+    last = n_loops - 1
+    for dims in _map_dims(op):
         if last in dims and dims[-1] != last:  # reads or writes along the innermost loop with a stride
             return dims[-1]
     return None
+
+
+def _map_dims(op: ir.Operation) -> list[list[int]]:
+    """For each operand of a generic (whose maps are projected permutations), the loops it is indexed by."""
+    return [[ir.AffineDimExpr(e).position for e in ir.AffineMapAttr(m).value.results]
+            for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
 
 
 def _loop_sizes(op: ir.Operation) -> tuple[int, ...] | None:

@@ -11,30 +11,19 @@ from typing import Any
 import pytest
 import torch
 from mlir import ir
-from mlir.passmanager import PassManager
 from torch import nn
 
 import torchtosa
 from torchtosa import pipeline
 from torchtosa.execute import _prepare
-from torchtosa.schedule import MATMUL_TILE, VECTOR_WIDTH, _divisor, schedule, tile_sizes
+from torchtosa.schedule import MATMUL_TILE, VECTOR_WIDTH, _divisor, plan
 
 
-def _linalg(fn: Any, *args: torch.Tensor, opt: str = "default") -> ir.Module:
-    """The module of `fn` after the stages before bufferization."""
+def _linalg(fn: Any, *args: torch.Tensor, opt: str = "default", stop_before: str = "bufferize") -> ir.Module:
+    """The module of `fn` lowered up to the stage `stop_before`."""
     program = torchtosa.to_tosa(fn, *args)
     module = _prepare(program.module, "forward", tuple(program.inputs), tuple(program.outputs))
-    for stage, text in pipeline.PIPELINES.items():
-        if stage == "bufferize":
-            break
-        if stage in pipeline._OPTIMIZING_STAGES and opt == "none":
-            continue
-        if stage in ("fuse-before-reshapes", "linalg"):
-            pipeline._split_boolean_producers(module)
-        if stage == "schedule":
-            schedule(module)
-        else:
-            PassManager.parse(text, context=module.context).run(module.operation)
+    pipeline.lower(module, opt, stop_before=stop_before)
     return module
 
 
@@ -63,15 +52,13 @@ def test_matmul_becomes_outer_products() -> None:
 
 def test_tile_sizes_divide_loops() -> None:
     seen: list[tuple[str, tuple[int, ...]]] = []
-    program = torchtosa.to_tosa(lambda a, b: torch.relu(a @ b).sum(-1), torch.randn(2, 12, 10), torch.randn(2, 10, 40))
-    module = _prepare(program.module, "forward", tuple(program.inputs), tuple(program.outputs))
-    for stage in ("tosa-to-linalg", "fuse-before-reshapes", "linalg", "unit-dims"):
-        PassManager.parse(pipeline.PIPELINES[stage], context=module.context).run(module.operation)
+    module = _linalg(lambda a, b: torch.relu(a @ b).sum(-1), torch.randn(2, 12, 10), torch.randn(2, 10, 40),
+                     stop_before="schedule")
 
     def visit(op: ir.Operation) -> ir.WalkResult:
-        sizes = tile_sizes(op)
-        if sizes is not None:
-            seen.append((op.name, sizes))
+        tiling = plan(op)
+        if tiling is not None:
+            seen.append((op.name, tiling[0]))
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
