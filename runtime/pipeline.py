@@ -17,8 +17,10 @@ tosa-to-linalg would make of it, whose `arith.mulf`/`arith.addf` fold exactly.
 
 from __future__ import annotations
 
+import math
+
 from mlir import ir
-from mlir.dialects import arith, linalg, tensor
+from mlir.dialects import arith, linalg, memref, tensor
 from mlir.passmanager import PassManager
 
 from .errors import CompileError
@@ -56,13 +58,14 @@ PIPELINES: dict[str, str] = {
     "schedule": "",
     # Tensors -> memrefs. Results become caller-allocated out-params, hence
     # modify-public-functions (without it the pass silently does nothing).
-    # Loops (tosa.while_loop) may yield new buffers.
+    # Loops (tosa.while_loop) may yield new buffers. Buffers of a loop-invariant size allocated
+    # in a loop (a packed matmul panel) are allocated once, before it.
     "bufferize": "builtin.module("
     "one-shot-bufferize{bufferize-function-boundaries allow-return-allocs-from-loops "
     "function-boundary-type-conversion=identity-layout-map},"
     "buffer-results-to-out-params{hoist-static-allocs=true "
     "modify-public-functions=true},"
-    "buffer-deallocation-pipeline)",
+    "func.func(buffer-loop-hoisting),buffer-deallocation-pipeline)",
     # Loops, vectors and memrefs -> LLVM dialect. Vector transfers are fully unrolled (a partial
     # unroll leaves stack allocations inside loops). Math ops without an LLVM intrinsic (erf, ...)
     # become libm calls (vector ones one element at a time), before the vector lowering.
@@ -136,7 +139,14 @@ _OWNERSHIP_OPS = ("memref.extract_aligned_pointer_as_index", "bufferization.deal
 
 
 def _promote_allocations(module: ir.Module) -> list[Scratch]:
-    """Turn each static memref.alloc at the top of a function into a trailing argument."""
+    """Carve each static memref.alloc at the top of a function out of one trailing byte-buffer
+    argument (an arena), at an offset that no buffer live at the same time overlaps.
+
+    One argument rather than one per buffer: each memref argument becomes 3 + 2 * rank scalar
+    arguments of the LLVM function, and LLVM's code generation is quadratic in a call with
+    thousands of them. Buffers whose lifetimes do not overlap share memory, which keeps the
+    working set small and in cache.
+    """
     scratch: list[Scratch] = []
     for func in module.body.operations:
         if func.operation.name != "func.func" or not func.regions[0].blocks:
@@ -144,28 +154,87 @@ def _promote_allocations(module: ir.Module) -> list[Scratch]:
         entry = func.regions[0].blocks[0]
         allocs = [op for op in entry.operations if op.operation.name == "memref.alloc"
                   and not op.operands and _plain_memref(op.results[0].type)
+                  and not _half_float(ir.MemRefType(op.results[0].type).element_type)
                   and not any(u.owner.name in _OWNERSHIP_OPS for u in op.results[0].uses)]
         if not allocs:
             continue
+        position = {op.operation: i for i, op in enumerate(entry.operations)}
+        buffers = []
+        for alloc in allocs:
+            t = ir.MemRefType(alloc.results[0].type)
+            size = max(1, math.prod(t.shape)) * _element_bytes(t.element_type)
+            last = max((position[_top_level(user, func.operation)] for user in _alias_users(alloc.results[0])),
+                       default=position[alloc.operation])
+            buffers.append((position[alloc.operation], last, size))
+        offsets, total = _assign_offsets(buffers)
         signature = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
-        new_inputs = list(signature.inputs)
         with module.context, ir.Location.unknown():
-            for alloc in allocs:
-                t = ir.MemRefType(alloc.results[0].type)
-                argument = entry.add_argument(t, ir.Location.unknown())
-                new_inputs.append(t)
+            arena_type = ir.MemRefType.get([total], ir.IntegerType.get_signless(8))
+            arena = entry.add_argument(arena_type, ir.Location.unknown())
+            for alloc, offset in zip(allocs, offsets, strict=True):
+                with ir.InsertionPoint(alloc), alloc.location:
+                    shift = arith.ConstantOp(ir.IndexType.get(), offset).result
+                    view = memref.ViewOp(alloc.results[0].type, arena, shift, []).result
                 for use in list(alloc.results[0].uses):
                     if use.owner.name == "memref.dealloc":
                         use.owner.erase()
-                alloc.results[0].replace_all_uses_with(argument)
+                alloc.results[0].replace_all_uses_with(view)
                 alloc.operation.erase()
-                scratch.append((tuple(t.shape), _element_bytes(t.element_type)))
-            func.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(new_inputs, signature.results))
+            func.attributes["function_type"] = ir.TypeAttr.get(
+                ir.FunctionType.get([*signature.inputs, arena_type], signature.results))
             if "arg_attrs" in func.attributes:
-                attrs = list(ir.ArrayAttr(func.attributes["arg_attrs"]))
-                attrs += [ir.DictAttr.get({})] * len(allocs)
+                attrs = [*ir.ArrayAttr(func.attributes["arg_attrs"]), ir.DictAttr.get({})]
                 func.attributes["arg_attrs"] = ir.ArrayAttr.get(attrs)
+        scratch.append(((total,), 1))
     return scratch
+
+
+def _half_float(t: ir.Type) -> bool:
+    """f16 and bf16 stay in their own allocations: viewed in the arena, LLVM's x86 backend
+    aborts on some of their loads and stores ("Unexpected illegal type")."""
+    return isinstance(t, ir.F16Type | ir.BF16Type)
+
+
+_ALIGNMENT = 64  # bytes: a cache line, and what torch's CPU allocator guarantees for the arena
+
+
+def _assign_offsets(buffers: list[tuple[int, int, int]]) -> tuple[list[int], int]:
+    """Byte offsets for buffers given as (first, last position where live, size), such that
+    buffers live at the same time never overlap (first fit, largest first); and the arena size."""
+    offsets = [0] * len(buffers)
+    placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
+    for i in sorted(range(len(buffers)), key=lambda i: (-buffers[i][2], i)):
+        first, last, size = buffers[i]
+        size = -(-size // _ALIGNMENT) * _ALIGNMENT
+        offset = 0
+        for start, end, other_first, other_last in sorted(placed):
+            if other_last < first or last < other_first or end <= offset:
+                continue  # not live at the same time, or below the candidate offset
+            if start >= offset + size:
+                break
+            offset = end
+        offsets[i] = offset
+        placed.append((offset, offset + size, first, last))
+    return offsets, max((end for _, end, _, _ in placed), default=0) or _ALIGNMENT
+
+
+def _alias_users(value: ir.Value) -> list[ir.Operation]:
+    """Every op that uses `value` or a view of it (subview, reshape, cast...), transitively."""
+    users: list[ir.Operation] = []
+    pending = [value]
+    while pending:
+        for use in list(pending.pop().uses):
+            users.append(use.owner)
+            if use.owner.name.startswith("memref."):
+                pending += [r for r in use.owner.results if isinstance(r.type, ir.MemRefType)]
+    return users
+
+
+def _top_level(op: ir.Operation, func: ir.Operation) -> ir.Operation:
+    """The ancestor of `op` (or `op` itself) directly in `func`'s body."""
+    while op.parent is not None and op.parent != func:
+        op = op.parent
+    return op
 
 
 def _plain_memref(t: ir.Type) -> bool:

@@ -23,8 +23,13 @@ a loop whose size has no divisor near the target gets a smaller tile, down to 1.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from mlir import ir
+from mlir.dialects import linalg, tensor
 from mlir.passmanager import PassManager
+
+from . import vecmath
 
 MATMUL_TILE = (8, 32)  # 8 rows x 32 columns of f32: 16 AVX-512 accumulators
 VECTOR_WIDTH = 64  # innermost tile of other ops: 4 AVX-512 registers of f32
@@ -32,6 +37,7 @@ TRANSPOSE_TILE = 16  # transposes: 16 x 16 tiles
 
 _CONTRACTIONS = {"linalg.batch_matmul": 1, "linalg.matmul": 0}  # op -> number of batch loops
 _CONV = "linalg.conv_2d_nhwc_fhwc"  # loops (n, oh, ow, f, kh, kw, c)
+_PACKED = "packed"  # a contraction whose second operand is computed column panel by column panel
 _PLAIN_MAPS = {
     "linalg.batch_matmul": "[affine_map<(d0, d1, d2, d3) -> (d0, d1, d3)>, affine_map<(d0, d1, d2, d3) -> "
     "(d0, d3, d2)>, affine_map<(d0, d1, d2, d3) -> (d0, d1, d2)>]",
@@ -40,7 +46,8 @@ _PLAIN_MAPS = {
 }
 _VECTORIZABLE = ("linalg.generic", "linalg.fill", "linalg.transpose")
 _TILE_ATTR = "torchtosa.tile"
-Key = tuple[str, tuple[int, ...], tuple[int, ...]]  # (conv or "", tile sizes, loop order)
+# (conv, packed or "", tile sizes, loop order, tile sizes of a packed contraction's panel)
+Key = tuple[str, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
 # After tiling and vectorizing: contractions become outer products with their accumulators in
 # registers; vector transfers and reductions are lowered to what the LLVM lowering handles.
@@ -48,6 +55,8 @@ Key = tuple[str, tuple[int, ...], tuple[int, ...]]  # (conv or "", tile sizes, l
 # can loop forever.
 _LOWERING = """
   transform.apply_patterns to %func {
+    transform.apply_patterns.tensor.fold_tensor_empty
+    transform.apply_patterns.vector.sink_ops
     transform.apply_patterns.vector.reduction_to_contract
     transform.apply_patterns.vector.transfer_permutation_patterns
     transform.apply_patterns.canonicalization
@@ -78,17 +87,28 @@ _LOWERING = """
 def schedule(module: ir.Module) -> None:
     """Tile and vectorize the linalg ops of `module` (on tensors) in place."""
     groups: dict[Key, list[ir.Operation]] = {}
+    planned: list[tuple[ir.Operation, tuple[tuple[int, ...], tuple[int, ...]]]] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
         tiling = plan(op)
         if tiling is not None:
-            groups.setdefault((op.name if op.name == _CONV else "", *tiling), []).append(op)
+            planned.append((op, tiling))
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
-    if not groups:
+    if not planned:
         return
     with module.context, ir.Location.unknown():
+        packed = {op: _pack(op, tiling[0]) for op, tiling in planned if op.name in _CONTRACTIONS}
+        panels = {panel for panel in packed.values() if panel is not None}
+        for op, tiling in planned:
+            if op in panels:
+                continue  # computed panel by panel inside its contraction's column loop
+            panel = packed.get(op)
+            if panel is not None:
+                groups.setdefault((_PACKED, *tiling, _panel_tile(panel, tiling[0])), []).append(op)
+            else:
+                groups.setdefault((_CONV if op.name == _CONV else "", *tiling, ()), []).append(op)
         for key, ops in groups.items():
             for op in ops:
                 op.attributes[_TILE_ATTR] = ir.StringAttr.get(_key(key))
@@ -109,6 +129,40 @@ def schedule(module: ir.Module) -> None:
     # bufferization would otherwise resolve with a buffer copy per tile
     PassManager.parse("builtin.module(canonicalize,cse)", context=module.context).run(module.operation)
     _reassociate_reductions(module)
+    if vecmath.library() is not None:
+        vecmath.use_vector_library(module)
+
+
+def _pack(op: ir.Operation, sizes: tuple[int, ...]) -> ir.Operation | None:
+    """The op whose result is the second operand of contraction `op`, to be computed one
+    column panel (all k, one column tile) at a time into a small contiguous buffer, or None.
+
+    A transpose (nn.Linear's weight) always is: the panel replaces transposing the whole
+    weight on every call. Otherwise the operand gets a copy, packed panel by panel, if more
+    than one row tile reads each panel: its rows are far apart in memory, the panel's are not.
+    """
+    rhs = op.operands[1]
+    producer = rhs.owner if isinstance(rhs, ir.OpResult) else None
+    if producer is not None and producer.name == "linalg.transpose" and len(list(rhs.uses)) == 1:
+        return producer.operation
+    m = _CONTRACTIONS[op.name]
+    if _loop_sizes(op)[m] // sizes[m] < 2:
+        return None
+    rhs_type = ir.RankedTensorType(rhs.type)
+    with ir.InsertionPoint(op):
+        empty = tensor.EmptyOp(rhs_type.shape, rhs_type.element_type).result
+        copy = linalg.copy(rhs, outs=[empty])
+    op.operands[1] = copy
+    return copy.owner.operation
+
+
+def _panel_tile(panel: ir.Operation, sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """Tile sizes of a panel (batch..., k, column tile): a transpose in square tiles, a copy by rows."""
+    *batch, k, n = ir.RankedTensorType(panel.results[0].type).shape
+    n = sizes[-2]  # the contraction's column tile
+    if panel.name == "linalg.transpose":
+        return (*[1] * len(batch), _divisor(k, TRANSPOSE_TILE), _divisor(n, TRANSPOSE_TILE))
+    return (*[1] * len(batch), 1, n)
 
 
 def plan(op: ir.Operation) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
@@ -152,22 +206,32 @@ def _matmul_loops(op: ir.Operation) -> tuple[int, int] | None:
 def _generic_contraction(op: ir.Operation) -> tuple[int, int] | None:
     """The (m, n) loops of a generic that is a matmul-like sum of products, else None.
 
-    n is the output's innermost dimension and m the one before it; the register tile needs
-    the second input to run along n contiguously.
+    Its body ends in `out + x * y`; x and y may be computed from the inputs first (elementwise
+    fusion moves producers such as attention's scaling or softmax normalization into the
+    matmul). n is the output's innermost dimension and m the one before it; an input read
+    along n must run along it contiguously, as the register tile needs.
     """
-    if op.name != "linalg.generic" or len(op.operands) != 3:
+    if op.name != "linalg.generic" or "reduction" not in str(op.attributes["iterator_types"]):
         return None
-    iterators = [str(t) for t in ir.ArrayAttr(op.attributes["iterator_types"])]
-    if sum("reduction" in t for t in iterators) != 1:
+    block = op.regions[0].blocks[0]
+    body = list(block.operations)
+    if len(body) < 3:
         return None
-    body = [inner.name for block in op.regions[0].blocks for inner in block.operations]
-    if body not in (["arith.mulf", "arith.addf", "linalg.yield"], ["arith.muli", "arith.addi", "linalg.yield"]):
+    mul, add, end = body[-3:]
+    if (mul.name, add.name) not in (("arith.mulf", "arith.addf"), ("arith.muli", "arith.addi")):
+        return None
+    out = block.arguments[len(block.arguments) - 1]
+    if end.operands[0] != add.results[0] or {add.operands[0], add.operands[1]} != {mul.results[0], out}:
+        return None
+    if any(out in list(inner.operands) for inner in body[:-2]):
         return None
     maps = _map_dims(op)
-    out = maps[2]
-    if len(out) < 2 or not maps[1] or maps[1][-1] != out[-1]:
+    if len(maps[-1]) < 2:
         return None
-    return out[-2], out[-1]
+    m, n = maps[-1][-2:]
+    if any(n in dims and dims[-1] != n for dims in maps[:-1]):
+        return None
+    return m, n
 
 
 def _transposed_inner_loop(op: ir.Operation, n_loops: int) -> int | None:
@@ -254,8 +318,8 @@ def _divisor(n: int, target: int) -> int:
 
 
 def _key(key: Key) -> str:
-    kind, sizes, order = key
-    return f"{kind}:{'x'.join(map(str, sizes))}:{'.'.join(map(str, order))}"
+    kind, sizes, order, panel = key
+    return f"{kind}:{'x'.join(map(str, sizes))}:{'.'.join(map(str, order))}:{'x'.join(map(str, panel))}"
 
 
 def _script(groups: dict[Key, list[ir.Operation]]) -> str:
@@ -265,10 +329,13 @@ def _script(groups: dict[Key, list[ir.Operation]]) -> str:
     ]
     any_op = "!transform.any_op"
     for i, key in enumerate(groups):
-        kind, sizes, order = key
+        kind, sizes, order, panel = key
         results = ", ".join([any_op] * (1 + len(sizes)))
         lines.append(f'  %ops{i} = transform.structured.match attributes{{{_TILE_ATTR} = "{_key(key)}"}}'
                      f" in %root : ({any_op}) -> {any_op}")
+        if kind == _PACKED:
+            lines += _packed_contraction(f"%ops{i}", sizes, panel)
+            continue
         if kind == _CONV:  # filter to HWCF, then each tile (one output row, one filter tap) is a 1-D conv
             lines.append(f"  %ops{i}_hwcf = transform.structured.transpose_conv2d %ops{i} : ({any_op}) -> {any_op}")
         lines.append(f"  %tiled{i}, %loops{i}:{len(sizes)} = transform.structured.tile_using_for "
@@ -282,6 +349,37 @@ def _script(groups: dict[Key, list[ir.Operation]]) -> str:
     lines.append(_LOWERING)
     lines += ["  transform.yield", "}", "}"]
     return "\n".join(lines)
+
+
+def _tile(handle: str, result: str, sizes: Sequence[int]) -> str:
+    """A tile_using_for of `handle` into `result` (the tiled op) and `result`_loops."""
+    n_loops = sum(1 for s in sizes if s)
+    types = ", ".join(["!transform.any_op"] * (1 + n_loops))
+    return (f"    {result}, {result}_loops:{n_loops} = transform.structured.tile_using_for {handle} "
+            f"tile_sizes [{', '.join(map(str, sizes))}] : (!transform.any_op) -> ({types})")
+
+
+def _packed_contraction(handle: str, sizes: tuple[int, ...], panel: tuple[int, ...]) -> list[str]:
+    """Per contraction: loop over column tiles (batch, n); in each, compute the second operand's
+    column panel (fusing its producer into the loop), then tile rows and k as usual.
+
+    Contraction loops are (batch..., m, n, k), tiled (1..., tm, tn, 1).
+    """
+    *batch, tm, tn, _ = sizes
+    any_op = "!transform.any_op"
+    return [
+        f"  transform.foreach {handle} : {any_op} {{",
+        f"  ^bb0(%mm: {any_op}):",
+        f"    %src = transform.get_producer_of_operand %mm[1] : ({any_op}) -> {any_op}",
+        _tile("%mm", "%cols", [*batch, 0, tn, 0]),
+        f"    %panel, %in = transform.structured.fuse_into_containing_op %src into %cols_loops#{len(batch)}"
+        f" : ({any_op}, {any_op}) -> ({any_op}, {any_op})",
+        _tile("%panel", "%panel_tile", panel),
+        f"    transform.structured.vectorize %panel_tile : {any_op}",
+        _tile("%cols", "%tile", [*[0] * len(batch), tm, 0, 1]),
+        f"    transform.structured.vectorize %tile : {any_op}",
+        "  }",
+    ]
 
 
 def _reassociate_reductions(module: ir.Module) -> None:

@@ -6,6 +6,7 @@ these tests pin down what the schedule does and that the optimization levels are
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from mlir import ir
 from torch import nn
 
 import torchtosa
-from torchtosa import pipeline
+from torchtosa import pipeline, vecmath
 from torchtosa.execute import _prepare
 from torchtosa.schedule import MATMUL_TILE, VECTOR_WIDTH, _divisor, plan
 
@@ -119,3 +120,97 @@ def test_cache_is_per_level() -> None:
     b = torchtosa.compile(f, x, opt="default")
     assert a.prepare(x)[2] is not b.prepare(x)[2]
     assert torchtosa.compile(f, x, opt="none").prepare(x)[2] is a.prepare(x)[2]
+
+
+def _planned(module: ir.Module) -> list[tuple[str, tuple[int, ...]]]:
+    seen: list[tuple[str, tuple[int, ...]]] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        tiling = plan(op)
+        if tiling is not None:
+            seen.append((op.name, tiling[0]))
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return seen
+
+
+def test_attention_contractions_get_register_tiles() -> None:
+    """Elementwise fusion moves attention's scaling and softmax normalization into its two
+    matmuls; they are still contractions, tiled like matmuls, and agree with eager."""
+    q, k, v = (torch.randn(1, 4, 64, 64) for _ in range(3))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    seen = _planned(_linalg(sdpa, q, k, v, stop_before="schedule"))
+    contractions = [s for name, s in seen if name == "linalg.generic" and s[-3:] == (8, 32, 1)]
+    assert len(contractions) == 2, seen
+    torch.testing.assert_close(torchtosa.compile(sdpa, q, k, v)(q, k, v), sdpa(q, k, v), rtol=1e-5, atol=1e-5)
+
+
+def test_linear_weight_is_transposed_panel_by_panel() -> None:
+    """nn.Linear's weight is never transposed whole: each column panel is, into a buffer
+    reused for every panel."""
+    linear = nn.Linear(48, 96).eval()
+    x = torch.randn(32, 48)
+    module = _linalg(linear, x, stop_before="llvm")
+    shapes: list[str] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name in ("memref.alloc", "memref.view"):
+            shapes.append(str(op.results[0].type))
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    assert "memref<1x48x96xf32>" not in shapes  # the whole transposed weight
+    assert "memref<1x48x32xf32>" in shapes  # one panel
+    with torch.no_grad():
+        torch.testing.assert_close(torchtosa.compile(linear, x)(x), linear(x), rtol=1e-5, atol=1e-5)
+
+
+def test_intermediate_buffers_share_one_arena() -> None:
+    """opt="default" passes all intermediate buffers as one byte buffer (one argument)."""
+    model, inputs = MODELS["encoder"]()
+    program = torchtosa.to_tosa(model.eval(), *inputs)
+    module = _prepare(program.module, "forward", tuple(program.inputs), tuple(program.outputs))
+    assert len(pipeline.lower(module, "default")) == 1
+    func = next(op for op in module.body.operations if ir.StringAttr(op.attributes["sym_name"]).value == "forward")
+    # each memref argument is 3 + 2 * rank scalars in the LLVM function
+    memref_args = [*program.inputs, *program.outputs, *[None]]
+    scalars = sum(3 + 2 * (len(spec.shape) if spec else 1) for spec in memref_args)
+    assert len(func.regions[0].blocks[0].arguments) == scalars
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_arena_offsets_never_overlap_live_buffers(seed: int) -> None:
+    rng = random.Random(seed)
+    buffers = []
+    for _ in range(rng.randint(1, 30)):
+        first = rng.randint(0, 40)
+        buffers.append((first, first + rng.randint(0, 15), rng.choice([1, 4, 64, 100, 4096, 5000])))
+    offsets, total = pipeline._assign_offsets(buffers)
+    for (_, _, size), offset in zip(buffers, offsets, strict=True):
+        assert offset % 64 == 0 and offset + size <= total
+    for i, (fi, li, si) in enumerate(buffers):
+        for j, (fj, lj, sj) in enumerate(buffers[:i]):
+            if fi <= lj and fj <= li:  # live at the same time
+                assert offsets[i] + si <= offsets[j] or offsets[j] + sj <= offsets[i], (i, j)
+    # disjoint lifetimes share memory
+    assert pipeline._assign_offsets([(0, 1, 4096), (2, 3, 4096)]) == ([0, 0], 4096)
+
+
+VECTOR_MATH = {"exp": torch.exp, "erf": torch.erf, "tanh": torch.tanh, "log": torch.log, "sin": torch.sin,
+               "expm1": torch.expm1, "log1p": torch.log1p, "atan": torch.atan}
+
+
+@pytest.mark.parametrize("name", sorted(VECTOR_MATH))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_vector_math_calls_libmvec(name: str, dtype: torch.dtype) -> None:
+    """Where libmvec is usable, vectorized math calls it a register at a time; either way the
+    results match eager, special values included."""
+    fn = VECTOR_MATH[name]
+    x = torch.randn(4, 64, dtype=dtype) * 3
+    x[0, :8] = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 100.0, -100.0, 1e-30])
+    if name in ("log", "log1p"):
+        x[1:] = x[1:].abs()
+    calls = [n for n in _ops(_linalg(fn, x, stop_before="bufferize")) if n == "func.call"]
+    assert bool(calls) == (vecmath.library() is not None)
+    torch.testing.assert_close(torchtosa.compile(fn, x)(x), fn(x), equal_nan=True)
