@@ -146,8 +146,9 @@ def compile(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
             opt: str = "default", **kwargs: Any) -> CompiledFunction:
     """Compile to native code through TOSA. With example inputs, compiles now; else on the first call.
 
-    `opt` picks the lowering (see `torchtosa.pipeline.OPT_LEVELS`): "default" tiles and vectorizes,
-    "none" is the plain reference lowering to loops, kept for debugging.
+    `opt` picks the lowering (see `torchtosa.pipeline.OPT_LEVELS`): "default" tiles and vectorizes
+    (one thread), "parallel" also splits matmuls' column panels across one worker thread per core
+    (MLIR's async runtime), "none" is the plain reference lowering to loops, kept for debugging.
     """
     compiled = CompiledFunction(fn, opt)
     if args or kwargs or isinstance(fn, torch.export.ExportedProgram):
@@ -200,5 +201,6 @@ def _static_graph(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> torch.fx.G
 torchtosa_backend = make_backend(_compile_graph)
 torchtosa_backend.__doc__ = """The torch.compile backend: `torch.compile(model, backend="torchtosa")`.
 
-Options: `torch.compile(model, backend="torchtosa", options={"opt": "none"})` picks the lowering.
+Options: `torch.compile(model, backend="torchtosa", options={"opt": "parallel"})` picks the lowering
+("default", "parallel" or "none"; see `torchtosa.compile`).
 """

@@ -9,6 +9,7 @@ no tensor is copied across the boundary. Booleans are bytes (i8) in memory.
 from __future__ import annotations
 
 import ctypes
+import functools
 import glob
 import math
 import operator
@@ -89,6 +90,8 @@ class NativeFunction:
         self.name = name
         self._module = _prepare(module, name, self.inputs, self.outputs)
         scratch = lower(self._module, opt)
+        if opt == "parallel":
+            _load_async_runtime()
         self._engine = _jit(self._module)
         address = self._engine.raw_lookup("_mlir_ciface_" + name)
         if not address:
@@ -247,6 +250,21 @@ def _jit(module: ir.Module) -> ExecutionEngine:
     finally:
         handler.detach()
     return engine
+
+
+@functools.cache
+def _load_async_runtime() -> None:
+    """Load MLIR's async runtime into the process, once, for the JIT to resolve its symbols.
+
+    Not as an ExecutionEngine shared library: an engine's destructor calls the library's
+    `__mlir_execution_engine_destroy`, which deletes the one global runtime (its thread pool)
+    that every other engine's code still uses.
+    """
+    path = os.path.join(os.path.dirname(_runner_utils()), "libmlir_async_runtime.so")
+    try:
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    except OSError as e:
+        raise CompileError(f"opt='parallel' needs MLIR's async runtime: {e}") from e
 
 
 def _runner_utils() -> str:

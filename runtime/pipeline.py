@@ -66,6 +66,11 @@ PIPELINES: dict[str, str] = {
     "buffer-results-to-out-params{hoist-static-allocs=true "
     "modify-public-functions=true},"
     "func.func(buffer-loop-hoisting),buffer-deallocation-pipeline)",
+    # opt="parallel" only: the column-panel loops of matmuls (scf.forall) become tasks of MLIR's
+    # async runtime, split across one worker per core.
+    "async": "builtin.module(func.func(scf-forall-to-parallel),"
+    "async-parallel-for{async-dispatch=false num-workers=2},async-to-async-runtime,"
+    "async-runtime-ref-counting,async-runtime-ref-counting-opt,convert-async-to-llvm)",
     # Loops, vectors and memrefs -> LLVM dialect. Vector transfers are fully unrolled (a partial
     # unroll leaves stack allocations inside loops). Math ops without an LLVM intrinsic (erf, ...)
     # become libm calls (vector ones one element at a time), before the vector lowering.
@@ -77,8 +82,9 @@ PIPELINES: dict[str, str] = {
 }
 
 
-OPT_LEVELS = ("none", "default")
+OPT_LEVELS = ("none", "default", "parallel")
 _OPTIMIZING_STAGES = ("unit-dims", "schedule")  # skipped by opt="none"
+_PARALLEL_STAGES = ("async",)  # run by opt="parallel" only
 
 
 def check_opt(opt: str) -> str:
@@ -105,11 +111,11 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
     for stage, pipeline in PIPELINES.items():
         if stage == stop_before:
             break
-        if stage in _OPTIMIZING_STAGES and opt == "none":
+        if (stage in _OPTIMIZING_STAGES and opt == "none") or (stage in _PARALLEL_STAGES and opt != "parallel"):
             continue
         if stage == "schedule":
             try:
-                schedule(module)
+                schedule(module, parallel=opt == "parallel")
             except ir.MLIRError as e:
                 raise CompileError(f"stage {stage!r} failed: {e}") from e
             continue

@@ -84,8 +84,12 @@ _LOWERING = """
 """
 
 
-def schedule(module: ir.Module) -> None:
-    """Tile and vectorize the linalg ops of `module` (on tensors) in place."""
+def schedule(module: ir.Module, parallel: bool = False) -> None:
+    """Tile and vectorize the linalg ops of `module` (on tensors) in place.
+
+    With `parallel`, the column-panel loops of packed contractions are `scf.forall` loops
+    (each iteration with its own panel buffer), for the async runtime to run in parallel.
+    """
     groups: dict[Key, list[ir.Operation]] = {}
     planned: list[tuple[ir.Operation, tuple[tuple[int, ...], tuple[int, ...]]]] = []
 
@@ -112,7 +116,7 @@ def schedule(module: ir.Module) -> None:
         for key, ops in groups.items():
             for op in ops:
                 op.attributes[_TILE_ATTR] = ir.StringAttr.get(_key(key))
-        script = ir.Module.parse(_script(groups))
+        script = ir.Module.parse(_script(groups, parallel))
         module.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get()
         for op in list(script.body.operations):
             op.detach_from_parent()
@@ -211,7 +215,10 @@ def _generic_contraction(op: ir.Operation) -> tuple[int, int] | None:
     matmul). n is the output's innermost dimension and m the one before it; an input read
     along n must run along it contiguously, as the register tile needs.
     """
-    if op.name != "linalg.generic" or "reduction" not in str(op.attributes["iterator_types"]):
+    if op.name != "linalg.generic":
+        return None
+    iterators = [str(t) for t in ir.ArrayAttr(op.attributes["iterator_types"])]
+    if not any("reduction" in t for t in iterators):
         return None
     block = op.regions[0].blocks[0]
     body = list(block.operations)
@@ -231,6 +238,9 @@ def _generic_contraction(op: ir.Operation) -> tuple[int, int] | None:
     m, n = maps[-1][-2:]
     if any(n in dims and dims[-1] != n for dims in maps[:-1]):
         return None
+    reductions = {d for d in range(len(iterators)) if "reduction" in iterators[d]}
+    if any(not reductions & set(dims) for dims in maps[:-1]):
+        return None  # an input broadcast along k (vectorized, the contraction comes out wrong)
     return m, n
 
 
@@ -322,7 +332,7 @@ def _key(key: Key) -> str:
     return f"{kind}:{'x'.join(map(str, sizes))}:{'.'.join(map(str, order))}:{'x'.join(map(str, panel))}"
 
 
-def _script(groups: dict[Key, list[ir.Operation]]) -> str:
+def _script(groups: dict[Key, list[ir.Operation]], parallel: bool) -> str:
     lines = [
         "module attributes {transform.with_named_sequence} {",
         "transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {",
@@ -334,7 +344,7 @@ def _script(groups: dict[Key, list[ir.Operation]]) -> str:
         lines.append(f'  %ops{i} = transform.structured.match attributes{{{_TILE_ATTR} = "{_key(key)}"}}'
                      f" in %root : ({any_op}) -> {any_op}")
         if kind == _PACKED:
-            lines += _packed_contraction(f"%ops{i}", sizes, panel)
+            lines += _packed_contraction(f"%ops{i}", sizes, panel, parallel)
             continue
         if kind == _CONV:  # filter to HWCF, then each tile (one output row, one filter tap) is a 1-D conv
             lines.append(f"  %ops{i}_hwcf = transform.structured.transpose_conv2d %ops{i} : ({any_op}) -> {any_op}")
@@ -359,20 +369,28 @@ def _tile(handle: str, result: str, sizes: Sequence[int]) -> str:
             f"tile_sizes [{', '.join(map(str, sizes))}] : (!transform.any_op) -> ({types})")
 
 
-def _packed_contraction(handle: str, sizes: tuple[int, ...], panel: tuple[int, ...]) -> list[str]:
+def _packed_contraction(handle: str, sizes: tuple[int, ...], panel: tuple[int, ...], parallel: bool) -> list[str]:
     """Per contraction: loop over column tiles (batch, n); in each, compute the second operand's
     column panel (fusing its producer into the loop), then tile rows and k as usual.
 
-    Contraction loops are (batch..., m, n, k), tiled (1..., tm, tn, 1).
+    Contraction loops are (batch..., m, n, k), tiled (1..., tm, tn, 1). With `parallel` the
+    column tiles are one scf.forall over (batch..., n).
     """
     *batch, tm, tn, _ = sizes
     any_op = "!transform.any_op"
+    columns = [*batch, 0, tn, 0]
+    if parallel:
+        tile_columns = (f"    %cols, %cols_loop = transform.structured.tile_using_forall %mm tile_sizes "
+                        f"[{', '.join(map(str, columns))}] : ({any_op}) -> ({any_op}, {any_op})")
+        column_loop = "%cols_loop"
+    else:
+        tile_columns, column_loop = _tile("%mm", "%cols", columns), f"%cols_loops#{len(batch)}"
     return [
         f"  transform.foreach {handle} : {any_op} {{",
         f"  ^bb0(%mm: {any_op}):",
         f"    %src = transform.get_producer_of_operand %mm[1] : ({any_op}) -> {any_op}",
-        _tile("%mm", "%cols", [*batch, 0, tn, 0]),
-        f"    %panel, %in = transform.structured.fuse_into_containing_op %src into %cols_loops#{len(batch)}"
+        tile_columns,
+        f"    %panel, %in = transform.structured.fuse_into_containing_op %src into {column_loop}"
         f" : ({any_op}, {any_op}) -> ({any_op}, {any_op})",
         _tile("%panel", "%panel_tile", panel),
         f"    transform.structured.vectorize %panel_tile : {any_op}",

@@ -5,7 +5,8 @@ an MLP, a torch.nn TransformerEncoderLayer, a conv block, a 1024^3 matmul and a 
 `transformers` BertModel (built from a config: nothing is downloaded).
 
 Backends:
-- torchtosa opt="default" and opt="none" (the reference lowering to plain loops). By default the
+- torchtosa opt="default" (one thread), opt="parallel" (matmul column panels on MLIR's async
+  runtime, one worker per core: 2 here) and opt="none" (the reference lowering to plain loops). By default the
   reference is timed only on the workloads marked `reference=True` below: all but the 1024^3
   matmul, where one reference call takes several seconds (each workload's reference compiled in
   under 10 s on a 2-core EPYC); `--reference` times it on every workload.
@@ -355,6 +356,7 @@ def backends_for(workload: Workload, model: nn.Module, inputs: Inputs, args: arg
 
     backends = [
         Backend("torchtosa default", 1, lambda: torchtosa.compile(model, *inputs, opt="default")),
+        Backend("torchtosa parallel", 2, lambda: torchtosa.compile(model, *inputs, opt="parallel")),
     ]
     if args.reference or workload.reference:
         backends.append(Backend(REFERENCE, 1, lambda: torchtosa.compile(model, *inputs, opt="none")))

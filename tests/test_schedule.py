@@ -6,6 +6,7 @@ these tests pin down what the schedule does and that the optimization levels are
 
 from __future__ import annotations
 
+import concurrent.futures
 import random
 from typing import Any
 
@@ -214,3 +215,35 @@ def test_vector_math_calls_libmvec(name: str, dtype: torch.dtype) -> None:
     calls = [n for n in _ops(_linalg(fn, x, stop_before="bufferize")) if n == "func.call"]
     assert bool(calls) == (vecmath.library() is not None)
     torch.testing.assert_close(torchtosa.compile(fn, x)(x), fn(x), equal_nan=True)
+
+
+def test_parallel_level_runs_column_panels_as_tasks() -> None:
+    """opt="parallel": matmul column panels are an scf.forall (each with its own panel buffer),
+    run on the async runtime; results match eager, also when called from several threads."""
+    model = nn.Sequential(nn.Linear(48, 96), nn.ReLU(), nn.Linear(96, 64)).eval()
+    x = torch.randn(32, 48)
+    assert "scf.forall" in _ops(_linalg(model, x, opt="parallel"))
+    assert "scf.forall" not in _ops(_linalg(model, x, opt="default"))
+    compiled = torchtosa.compile(model, x, opt="parallel")
+    inputs = [torch.randn(32, 48) for _ in range(8)]
+    with torch.no_grad():
+        expected = [model(t) for t in inputs]
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(compiled, inputs))
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 8, 8, 8), (1, 1, 16, 8, 8), (1, 1, 8, 8, 16), (2, 4, 64, 64, 64)])
+def test_softmax_times_values_matches_eager(shape: tuple[int, ...]) -> None:
+    """softmax(s) @ v with fully masked rows zeroed (as nn.MultiheadAttention does): fusion moves
+    the normalization and the row mask, inputs broadcast along k, into the matmul. Such a
+    contraction vectorized as a matmul came out wrong on square 8x8 tiles; it must not be."""
+    b, h, m, n, k = shape
+
+    def attend(s: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        p = torch.softmax(s, -1)
+        return torch.where(torch.isinf(s).logical_not().any(-1, keepdim=True), p, 0.0) @ v
+
+    s, v = torch.randn(b, h, m, k), torch.randn(b, h, k, n)
+    torch.testing.assert_close(torchtosa.compile(attend, s, v)(s, v), attend(s, v), rtol=1e-5, atol=1e-5)
