@@ -211,8 +211,9 @@ def _generic_contraction(op: ir.Operation) -> tuple[int, int] | None:
     """The (m, n) loops of a generic that is a matmul-like sum of products, else None.
 
     Its body ends in `out + x * y`; x and y may be computed from the inputs first (elementwise
-    fusion moves producers such as attention's scaling or softmax normalization into the
-    matmul). n is the output's innermost dimension and m the one before it; an input read
+    fusion moves producers such as attention's scaling into the matmul), but then no input may
+    be broadcast: each is indexed by every loop but n (the first factor's) or but m (the
+    second's). n is the output's innermost dimension and m the one before it; an input read
     along n must run along it contiguously, as the register tile needs.
     """
     if op.name != "linalg.generic":
@@ -238,9 +239,10 @@ def _generic_contraction(op: ir.Operation) -> tuple[int, int] | None:
     m, n = maps[-1][-2:]
     if any(n in dims and dims[-1] != n for dims in maps[:-1]):
         return None
-    reductions = {d for d in range(len(iterators)) if "reduction" in iterators[d]}
-    if any(not reductions & set(dims) for dims in maps[:-1]):
-        return None  # an input broadcast along k (vectorized, the contraction comes out wrong)
+    if len(body) > 3:  # a prologue: only on inputs indexed by every loop but n (or but m)
+        every = set(range(len(iterators)))
+        if any(set(dims) not in (every - {n}, every - {m}) for dims in maps[:-1]):
+            return None  # broadcast inputs: vectorized as a matmul, the result came out wrong
     return m, n
 
 
