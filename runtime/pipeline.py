@@ -67,9 +67,10 @@ PIPELINES: dict[str, str] = {
     "modify-public-functions=true},"
     "func.func(buffer-loop-hoisting),buffer-deallocation-pipeline)",
     # opt="parallel" only: the column-panel loops of matmuls (scf.forall) become tasks of MLIR's
-    # async runtime, split across one worker per core.
+    # async runtime, one block of panels per worker thread (the runtime has one per core); a
+    # panel is large, hence min-task-size=1 (the default, 1000 iterations, runs it all inline).
     "async": "builtin.module(func.func(scf-forall-to-parallel),"
-    "async-parallel-for{async-dispatch=false num-workers=2},async-to-async-runtime,"
+    "async-parallel-for{async-dispatch=false num-workers=-1 min-task-size=1},async-to-async-runtime,"
     "async-runtime-ref-counting,async-runtime-ref-counting-opt,convert-async-to-llvm)",
     # Loops, vectors and memrefs -> LLVM dialect. Vector transfers are fully unrolled (a partial
     # unroll leaves stack allocations inside loops). Math ops without an LLVM intrinsic (erf, ...)
