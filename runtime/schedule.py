@@ -23,6 +23,7 @@ a loop whose size has no divisor near the target gets a smaller tile, down to 1.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from mlir import ir
@@ -38,6 +39,8 @@ TRANSPOSE_TILE = 16  # transposes: 16 x 16 tiles
 _CONTRACTIONS = {"linalg.batch_matmul": 1, "linalg.matmul": 0}  # op -> number of batch loops
 _CONV = "linalg.conv_2d_nhwc_fhwc"  # loops (n, oh, ow, f, kh, kw, c)
 _PACKED = "packed"  # a contraction whose second operand is computed column panel by column panel
+_PACKED_PARALLEL = "packed-parallel"  # the same, its column panels in parallel (opt="parallel")
+PARALLEL_MIN_MACS = 1 << 24  # smaller contractions stay on the calling thread: tasks cost more
 _PLAIN_MAPS = {
     "linalg.batch_matmul": "[affine_map<(d0, d1, d2, d3) -> (d0, d1, d3)>, affine_map<(d0, d1, d2, d3) -> "
     "(d0, d3, d2)>, affine_map<(d0, d1, d2, d3) -> (d0, d1, d2)>]",
@@ -87,8 +90,9 @@ _LOWERING = """
 def schedule(module: ir.Module, parallel: bool = False) -> None:
     """Tile and vectorize the linalg ops of `module` (on tensors) in place.
 
-    With `parallel`, the column-panel loops of packed contractions are `scf.forall` loops
-    (each iteration with its own panel buffer), for the async runtime to run in parallel.
+    With `parallel`, the column-panel loops of packed contractions of at least
+    PARALLEL_MIN_MACS multiply-adds are `scf.forall` loops (each iteration with its own panel
+    buffer), for the async runtime to run in parallel.
     """
     groups: dict[Key, list[ir.Operation]] = {}
     planned: list[tuple[ir.Operation, tuple[tuple[int, ...], tuple[int, ...]]]] = []
@@ -110,13 +114,14 @@ def schedule(module: ir.Module, parallel: bool = False) -> None:
                 continue  # computed panel by panel inside its contraction's column loop
             panel = packed.get(op)
             if panel is not None:
-                groups.setdefault((_PACKED, *tiling, _panel_tile(panel, tiling[0])), []).append(op)
+                kind = _PACKED_PARALLEL if parallel and math.prod(_loop_sizes(op)) >= PARALLEL_MIN_MACS else _PACKED
+                groups.setdefault((kind, *tiling, _panel_tile(panel, tiling[0])), []).append(op)
             else:
                 groups.setdefault((_CONV if op.name == _CONV else "", *tiling, ()), []).append(op)
         for key, ops in groups.items():
             for op in ops:
                 op.attributes[_TILE_ATTR] = ir.StringAttr.get(_key(key))
-        script = ir.Module.parse(_script(groups, parallel))
+        script = ir.Module.parse(_script(groups))
         module.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get()
         for op in list(script.body.operations):
             op.detach_from_parent()
@@ -334,7 +339,7 @@ def _key(key: Key) -> str:
     return f"{kind}:{'x'.join(map(str, sizes))}:{'.'.join(map(str, order))}:{'x'.join(map(str, panel))}"
 
 
-def _script(groups: dict[Key, list[ir.Operation]], parallel: bool) -> str:
+def _script(groups: dict[Key, list[ir.Operation]]) -> str:
     lines = [
         "module attributes {transform.with_named_sequence} {",
         "transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {",
@@ -345,8 +350,8 @@ def _script(groups: dict[Key, list[ir.Operation]], parallel: bool) -> str:
         results = ", ".join([any_op] * (1 + len(sizes)))
         lines.append(f'  %ops{i} = transform.structured.match attributes{{{_TILE_ATTR} = "{_key(key)}"}}'
                      f" in %root : ({any_op}) -> {any_op}")
-        if kind == _PACKED:
-            lines += _packed_contraction(f"%ops{i}", sizes, panel, parallel)
+        if kind in (_PACKED, _PACKED_PARALLEL):
+            lines += _packed_contraction(f"%ops{i}", sizes, panel, parallel=kind == _PACKED_PARALLEL)
             continue
         if kind == _CONV:  # filter to HWCF, then each tile (one output row, one filter tap) is a 1-D conv
             lines.append(f"  %ops{i}_hwcf = transform.structured.transpose_conv2d %ops{i} : ({any_op}) -> {any_op}")

@@ -16,7 +16,7 @@ from mlir import ir
 from torch import nn
 
 import torchtosa
-from torchtosa import pipeline, vecmath
+from torchtosa import pipeline, schedule, vecmath
 from torchtosa.execute import _prepare
 from torchtosa.schedule import MATMUL_TILE, VECTOR_WIDTH, _divisor, plan
 
@@ -219,11 +219,14 @@ def test_vector_math_calls_libmvec(name: str, dtype: torch.dtype) -> None:
     torch.testing.assert_close(torchtosa.compile(fn, x)(x), fn(x), equal_nan=True)
 
 
-def test_parallel_level_runs_column_panels_as_tasks() -> None:
-    """opt="parallel": matmul column panels are an scf.forall (each with its own panel buffer),
-    run on the async runtime; results match eager, also when called from several threads."""
+def test_parallel_level_runs_column_panels_as_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """opt="parallel": column panels of large matmuls are an scf.forall (each with its own panel
+    buffer), run on the async runtime; results match eager, also when called from several
+    threads. Small matmuls stay on the calling thread."""
     model = nn.Sequential(nn.Linear(48, 96), nn.ReLU(), nn.Linear(96, 64)).eval()
     x = torch.randn(32, 48)
+    assert "scf.forall" not in _ops(_linalg(model, x, opt="parallel"))  # 147k multiply-adds: small
+    monkeypatch.setattr(schedule, "PARALLEL_MIN_MACS", 0)
     assert "scf.forall" in _ops(_linalg(model, x, opt="parallel"))
     assert "scf.forall" not in _ops(_linalg(model, x, opt="default"))
     compiled = torchtosa.compile(model, x, opt="parallel")
