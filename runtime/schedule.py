@@ -1,4 +1,4 @@
-"""The optimizing schedule of opt="default": tile each linalg op, vectorize the tiles.
+"""The optimizing schedule of opt="default" (and "parallel"): tile each linalg op, vectorize the tiles.
 
 `schedule(module)` picks tile sizes for every linalg op it knows how to vectorize (from the
 op's static shapes), writes them as a transform-dialect script and runs MLIR's transform
@@ -9,13 +9,17 @@ exactly as in the reference pipeline (opt="none").
   fusion leaves a matmul it moved a reshape through) get a register tile of MATMUL_TILE rows x
   columns and a reduction step of 1: the vectorized tile is a chain of outer products (one
   broadcast FMA per row), its accumulator hoisted out of the reduction loop into registers.
-  Column tiles are the outer loop, so a column panel of the second operand stays in cache.
+  Column tiles are the outer loop, so a column panel of the second operand stays in cache. A
+  named contraction's second operand is packed: its producer (nn.Linear's weight transpose) or
+  a copy is fused into the column loop, so each panel is computed into one small contiguous
+  buffer (`_pack`). With opt="parallel" that loop is an scf.forall for large contractions.
 - 2-D convolutions (NHWC) get the same register tile over (output column, output channel); each
   tile, one output row and one filter tap, is decomposed into a 1-D convolution and vectorized.
 - Everything else that is vectorizable (elementwise and reduction generics, fill, transpose)
   gets a tile of 1 on every loop but the innermost, which gets up to VECTOR_WIDTH; an op that
   strides through an operand along that loop (a transpose) gets square TRANSPOSE_TILE tiles,
   transposed in registers. Vector reductions are marked reassociable so LLVM sums them as trees.
+- Vector math (exp, erf, tanh, ...) becomes libmvec calls where usable (`vecmath`).
 
 Tile sizes always divide the loop sizes, so every tile has a static shape and needs no masks:
 a loop whose size has no divisor near the target gets a smaller tile, down to 1.
