@@ -268,3 +268,23 @@ def test_scaled_matmul_matches_eager(shape: tuple[int, ...]) -> None:
 
     q, kt = torch.randn(b, h, m, k), torch.randn(b, h, n, k)
     torch.testing.assert_close(torchtosa.compile(scores, q, kt)(q, kt), scores(q, kt), rtol=1e-5, atol=1e-5)
+
+
+BROADCAST_CONTRACTIONS = {
+    "batched-by-shared": (lambda a, b: a @ b, (torch.randn(3, 8, 8), torch.randn(8, 8))),
+    "shared-by-batched": (lambda a, b: a @ b, (torch.randn(8, 8), torch.randn(3, 8, 8))),
+    "broadcast-heads": (lambda a, b: a @ b, (torch.randn(2, 3, 8, 8), torch.randn(1, 3, 8, 8))),
+    "scaled-broadcast": (lambda a, b: (a * 2) @ (b * 3), (torch.randn(2, 3, 8, 8), torch.randn(1, 3, 8, 8))),
+    "row-scaled": (lambda a, s, b: (a * s[..., None]) @ b,
+                   (torch.randn(2, 8, 8), torch.randn(2, 8), torch.randn(2, 8, 8))),
+    "rotary": (lambda q, c, s, k: ((q * c + q.flip(-1) * s) * 0.3) @ k.transpose(-1, -2),
+               (torch.randn(2, 3, 8, 8), torch.randn(8, 8), torch.randn(8, 8), torch.randn(2, 3, 8, 8))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROADCAST_CONTRACTIONS))
+def test_contractions_with_broadcast_inputs_on_square_tiles(name: str) -> None:
+    """Matmuls with broadcast operands, or with broadcast inputs to a fused prologue, on 8x8 tiles
+    (where MLIR's vector patterns got a broadcast prologue input's tile transposed)."""
+    fn, args = BROADCAST_CONTRACTIONS[name]
+    torch.testing.assert_close(torchtosa.compile(fn, *args)(*args), fn(*args), rtol=1e-5, atol=1e-5)
