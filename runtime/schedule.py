@@ -31,7 +31,7 @@ import math
 from collections.abc import Sequence
 
 from mlir import ir
-from mlir.dialects import linalg, tensor
+from mlir.dialects import arith, linalg, tensor
 from mlir.passmanager import PassManager
 
 from . import vecmath
@@ -98,6 +98,7 @@ def schedule(module: ir.Module, parallel: bool = False) -> None:
     PARALLEL_MIN_MACS multiply-adds are `scf.forall` loops (each iteration with its own panel
     buffer), for the async runtime to run in parallel.
     """
+    split_prologues(module)
     groups: dict[Key, list[ir.Operation]] = {}
     planned: list[tuple[ir.Operation, tuple[tuple[int, ...], tuple[int, ...]]]] = []
 
@@ -221,14 +222,28 @@ def _generic_contraction(op: ir.Operation) -> tuple[int, int] | None:
 
     Its body ends in `out + x * y`; x and y may be computed from the inputs first (elementwise
     fusion moves producers such as attention's scaling into the matmul), but then no input may
-    be broadcast: each is indexed by every loop but n (the first factor's) or but m (the
-    second's). n is the output's innermost dimension and m the one before it; an input read
-    along n must run along it contiguously, as the register tile needs.
+    be broadcast (`_split_prologue` splits such a prologue off first). n is the output's
+    innermost dimension and m the one before it; an input read along n must run along it
+    contiguously, as the register tile needs.
     """
-    if op.name != "linalg.generic":
+    mul = _sum_of_products(op)
+    if mul is None:
         return None
-    iterators = [str(t) for t in ir.ArrayAttr(op.attributes["iterator_types"])]
-    if not any("reduction" in t for t in iterators):
+    maps = _map_dims(op)
+    if len(maps[-1]) < 2:
+        return None
+    m, n = maps[-1][-2:]
+    if any(n in dims and dims[-1] != n for dims in maps[:-1]):
+        return None
+    if len(list(op.regions[0].blocks[0].operations)) > 3 and _broadcast_inputs(op, m, n):
+        return None  # vectorized as one op, it came out wrong on square tiles
+    return m, n
+
+
+def _sum_of_products(op: ir.Operation) -> ir.Operation | None:
+    """The multiplication of a generic reduction whose body ends in `out + x * y`, with the
+    output read nowhere else, else None."""
+    if op.name != "linalg.generic" or "reduction" not in str(op.attributes["iterator_types"]):
         return None
     block = op.regions[0].blocks[0]
     body = list(block.operations)
@@ -242,17 +257,179 @@ def _generic_contraction(op: ir.Operation) -> tuple[int, int] | None:
         return None
     if any(out in list(inner.operands) for inner in body[:-2]):
         return None
+    return mul
+
+
+def _broadcast_inputs(op: ir.Operation, m: int, n: int) -> bool:
+    """Whether an input of a generic contraction is indexed by fewer loops than a matmul factor
+    (every loop but n, or every loop but m)."""
+    every = set(range(len(ir.ArrayAttr(op.attributes["iterator_types"]))))
+    return any(set(dims) not in (every - {n}, every - {m}) for dims in _map_dims(op)[:-1])
+
+
+def split_prologues(module: ir.Module) -> None:
+    """`_split_prologue` every generic contraction of `module`."""
+    contractions: list[ir.Operation] = []
+
+    def find(op: ir.Operation) -> ir.WalkResult:
+        if _sum_of_products(op) is not None:
+            contractions.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(find, ir.WalkOrder.PRE_ORDER)
+    with module.context, ir.Location.unknown():
+        for op in contractions:
+            _split_prologue(op)
+
+
+def _split_prologue(op: ir.Operation) -> None:
+    """Compute the factors of a generic contraction's `out + x * y` that its prologue derives
+    from broadcast inputs (softmax @ v with the normalization fused in) as elementwise generics
+    of their own, leaving a plain contraction of the two factors, which tiles as a matmul.
+
+    x (read along every loop but n) and y (every loop but m, n innermost) become tensors; a
+    factor that is an input as it is stays that input.
+    """
+    mul = _sum_of_products(op)
+    block = op.regions[0].blocks[0]
+    if mul is None or len(list(block.operations)) <= 3:
+        return
+    add = list(block.operations)[-2]
     maps = _map_dims(op)
+    n_loops = len(ir.ArrayAttr(op.attributes["iterator_types"]))
     if len(maps[-1]) < 2:
-        return None
+        return
     m, n = maps[-1][-2:]
-    if any(n in dims and dims[-1] != n for dims in maps[:-1]):
-        return None
-    if len(body) > 3:  # a prologue: only on inputs indexed by every loop but n (or but m)
-        every = set(range(len(iterators)))
-        if any(set(dims) not in (every - {n}, every - {m}) for dims in maps[:-1]):
-            return None  # broadcast inputs: vectorized as a matmul, the result came out wrong
-    return m, n
+    if not _broadcast_inputs(op, m, n):
+        return  # tiled as it is
+    inputs = list(op.operands)[: len(maps) - 1]
+    u, v = mul.operands[0], mul.operands[1]
+
+    def touches(value: ir.Value, loop: int) -> bool:
+        indices = [ir.IntegerAttr(o.attributes["dim"]).value for o in _slice(value, block) if o.name == "linalg.index"]
+        return loop in indices or any(loop in maps[a] for a in _arguments_of(value, block))
+
+    if touches(u, n) or touches(v, m):
+        u, v = v, u
+        if touches(u, n) or touches(v, m):
+            return  # not a product of an (m, k) factor and a (k, n) one
+    new_inputs, new_maps = [], []
+    for value, skip in ((u, n), (v, m)):
+        arg = _input_argument(value, block)
+        if arg is not None and (skip == n or maps[arg][-1] == n):
+            new_inputs.append(inputs[arg])
+            new_maps.append(maps[arg])
+            continue
+        domain = [d for d in range(n_loops) if d != skip]
+        if skip == m:
+            domain = [d for d in domain if d != n] + [n]  # the second factor runs along n
+        new_inputs.append(_materialize(op, value, domain))
+        new_maps.append(domain)
+    _replace_with_contraction(op, new_inputs, new_maps, mul.name, add.name)
+
+
+def _input_argument(value: ir.Value, block: ir.Block) -> int | None:
+    """The input number if `value` is an input argument of the generic's body, else None."""
+    if isinstance(value, ir.BlockArgument) and value.owner == block and value.arg_number < len(block.arguments) - 1:
+        return value.arg_number
+    return None
+
+
+def _arguments_of(value: ir.Value, block: ir.Block) -> list[int]:
+    """The input arguments of `block` that `value` is computed from."""
+    found: set[int] = set()
+    pending = [value]
+    while pending:
+        v = pending.pop()
+        arg = _input_argument(v, block)
+        if arg is not None:
+            found.add(arg)
+        elif isinstance(v, ir.OpResult) and v.owner.parent == block.owner:
+            pending += list(v.owner.operands)
+    return sorted(found)
+
+
+def _materialize(op: ir.Operation, value: ir.Value, domain: list[int]) -> ir.Value:
+    """A new elementwise generic over the loops `domain` (in that order) computing the body
+    value `value` of generic `op`, before `op`; its result tensor."""
+    block = op.regions[0].blocks[0]
+    maps = _map_dims(op)
+    operands = list(op.operands)
+    sizes: dict[int, int] = {}
+    for operand, dims in zip(operands, maps, strict=True):
+        for d, size in zip(dims, ir.RankedTensorType(operand.type).shape, strict=True):
+            sizes[d] = size
+    args = _arguments_of(value, block)
+    parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
+
+    def amap(dims: list[int]) -> ir.AffineMapAttr:
+        exprs = [ir.AffineDimExpr.get(domain.index(d)) for d in dims]
+        return ir.AffineMapAttr.get(ir.AffineMap.get(len(domain), 0, exprs))
+
+    element = value.type
+    result = ir.RankedTensorType.get([sizes[d] for d in domain], element)
+    with ir.InsertionPoint(op), op.location:
+        empty = tensor.EmptyOp([sizes[d] for d in domain], element).result
+        generic = linalg.GenericOp([result], [operands[a] for a in args], [empty],
+                                   ir.ArrayAttr.get([amap(maps[a]) for a in args] + [amap(domain)]),
+                                   ir.ArrayAttr.get([parallel] * len(domain)))
+        new_block = generic.regions[0].blocks.append(*[block.arguments[a].type for a in args], element)
+    mapping = [(block.arguments[a], new_block.arguments[i]) for i, a in enumerate(args)]
+
+    def mapped(v: ir.Value) -> ir.Value:
+        return next((new for old, new in mapping if old == v), v)
+
+    needed = _slice(value, block)
+    with ir.InsertionPoint(new_block):
+        for inner in block.operations:
+            if inner not in needed:
+                continue
+            clone = inner.clone()
+            for i, operand in enumerate(list(clone.operands)):
+                clone.operands[i] = mapped(operand)
+            if clone.name == "linalg.index":  # the loop's position in the new op
+                loop = ir.IntegerAttr(clone.attributes["dim"]).value
+                clone.attributes["dim"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), domain.index(loop))
+            mapping += list(zip(inner.results, clone.results, strict=True))
+        linalg.YieldOp([mapped(value)])
+    return generic.results[0]
+
+
+def _slice(value: ir.Value, block: ir.Block) -> set[ir.Operation]:
+    """The ops of `block` that `value` is computed by."""
+    ops: set[ir.Operation] = set()
+    pending = [value]
+    while pending:
+        v = pending.pop()
+        if isinstance(v, ir.OpResult) and v.owner.parent == block.owner and v.owner.operation not in ops:
+            ops.add(v.owner.operation)
+            pending += list(v.owner.operands)
+    return ops
+
+
+_ARITH = {"arith.mulf": arith.MulFOp, "arith.muli": arith.MulIOp,
+          "arith.addf": arith.AddFOp, "arith.addi": arith.AddIOp}
+
+
+def _replace_with_contraction(op: ir.Operation, inputs: list[ir.Value], dims: list[list[int]],
+                              mul: str, add: str) -> None:
+    """Replace generic contraction `op` by `out + x * y` of the tensors `inputs` (x, y) read
+    along the loops `dims`."""
+    maps = _map_dims(op)
+    iterators = op.attributes["iterator_types"]
+    n_loops = len(ir.ArrayAttr(iterators))
+    init = list(op.operands)[len(maps) - 1]
+    affine = [ir.AffineMapAttr.get(ir.AffineMap.get(n_loops, 0, [ir.AffineDimExpr.get(d) for d in ds]))
+              for ds in [*dims, maps[-1]]]
+    with ir.InsertionPoint(op), op.location:
+        generic = linalg.GenericOp([op.results[0].type], inputs, [init], ir.ArrayAttr.get(affine), iterators)
+        types = [ir.RankedTensorType(v.type).element_type for v in [*inputs, init]]
+        body = generic.regions[0].blocks.append(*types)
+        with ir.InsertionPoint(body):
+            product = _ARITH[mul](body.arguments[0], body.arguments[1]).result
+            linalg.YieldOp([_ARITH[add](body.arguments[2], product).result])
+    op.results[0].replace_all_uses_with(generic.results[0])
+    op.erase()
 
 
 def _transposed_inner_loop(op: ir.Operation, n_loops: int) -> int | None:

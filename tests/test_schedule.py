@@ -138,14 +138,16 @@ def _planned(module: ir.Module) -> list[tuple[str, tuple[int, ...]]]:
 
 def test_attention_contractions_get_register_tiles() -> None:
     """Elementwise fusion moves attention's scaling into q @ k^T, which is still a contraction,
-    tiled like a matmul. softmax @ v gets the softmax normalization, an input broadcast along k:
-    it stays on the reduction path (see test_softmax_times_values_matches_eager). Both agree
-    with eager."""
+    tiled like a matmul; softmax @ v gets the softmax normalization, computed from an input
+    broadcast along k: the schedule splits it off, leaving a plain contraction. Both agree with
+    eager."""
     q, k, v = (torch.randn(1, 4, 64, 64) for _ in range(3))
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    seen = _planned(_linalg(sdpa, q, k, v, stop_before="schedule"))
-    contractions = [s for name, s in seen if name == "linalg.generic" and s[-3:] == (8, 32, 1)]
-    assert len(contractions) == 1, seen
+    module = _linalg(sdpa, q, k, v, stop_before="schedule")
+    before = [s for name, s in _planned(module) if name == "linalg.generic" and s[-3:] == (8, 32, 1)]
+    schedule.split_prologues(module)
+    after = [s for name, s in _planned(module) if name == "linalg.generic" and s[-3:] == (8, 32, 1)]
+    assert (len(before), len(after)) == (1, 2)
     torch.testing.assert_close(torchtosa.compile(sdpa, q, k, v)(q, k, v), sdpa(q, k, v), rtol=1e-5, atol=1e-5)
 
 
@@ -243,7 +245,8 @@ def test_parallel_level_runs_column_panels_as_tasks(monkeypatch: pytest.MonkeyPa
 def test_softmax_times_values_matches_eager(shape: tuple[int, ...]) -> None:
     """softmax(s) @ v with fully masked rows zeroed (as nn.MultiheadAttention does): fusion moves
     the normalization and the row mask, inputs broadcast along k, into the matmul. Such a
-    contraction vectorized as a matmul came out wrong on square 8x8 tiles; it must not be."""
+    contraction vectorized as a matmul came out wrong on square 8x8 tiles; the schedule splits
+    the normalization off."""
     b, h, m, n, k = shape
 
     def attend(s: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -287,4 +290,28 @@ def test_contractions_with_broadcast_inputs_on_square_tiles(name: str) -> None:
     """Matmuls with broadcast operands, or with broadcast inputs to a fused prologue, on 8x8 tiles
     (where MLIR's vector patterns got a broadcast prologue input's tile transposed)."""
     fn, args = BROADCAST_CONTRACTIONS[name]
+    torch.testing.assert_close(torchtosa.compile(fn, *args)(*args), fn(*args), rtol=1e-5, atol=1e-5)
+
+
+def _masked_attend(s: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    p = torch.softmax(s, -1)
+    return torch.where(torch.isinf(s).logical_not().any(-1, keepdim=True), p, 0.0) @ v
+
+
+def _rotary_scores(q: torch.Tensor, c: torch.Tensor, s: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    return ((q * c + q.flip(-1) * s) * 0.3) @ k.transpose(-1, -2)  # flip: linalg.index in the prologue
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_split_prologues_on_random_shapes(seed: int) -> None:
+    """Prologues with broadcast inputs (a row scale, softmax normalization, rotary embeddings)
+    split off their contraction, on random sizes (square tiles, tiles of 1, non-divisible)."""
+    rng = random.Random(seed)
+    b, h = rng.choice([1, 2]), rng.choice([1, 3])
+    m, n, k = (rng.choice(sizes) for sizes in ([1, 4, 8, 12, 16, 24], [1, 4, 8, 16, 40], [1, 4, 8, 16]))
+    fn, args = [
+        (_masked_attend, (torch.randn(b, h, m, k), torch.randn(b, h, k, n))),
+        (lambda a, s, w: (a * s[..., None]) @ w, (torch.randn(b, m, k), torch.randn(b, m), torch.randn(b, k, n))),
+        (_rotary_scores, (torch.randn(b, h, m, k), torch.randn(m, k), torch.randn(m, k), torch.randn(b, h, n, k))),
+    ][seed % 3]
     torch.testing.assert_close(torchtosa.compile(fn, *args)(*args), fn(*args), rtol=1e-5, atol=1e-5)
