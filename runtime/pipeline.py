@@ -101,10 +101,11 @@ Scratch = tuple[tuple[int, ...], int]  # (shape, bytes per element) of a buffer 
 def lower(module: ir.Module, opt: str = "default", stop_before: str | None = None) -> list[Scratch]:
     """Lower a TOSA module in place to the LLVM dialect (or up to the stage `stop_before`).
 
-    With opt="default", the function's intermediate buffers become extra trailing arguments
-    (after the outputs): the caller allocates them once and reuses them for every call, instead
-    of the native code allocating and freeing (and the kernel zeroing) them each time. Returns
-    their shapes and element sizes, in argument order.
+    With opt="default" or "parallel", the function's intermediate buffers are carved out of one
+    extra trailing byte-buffer argument (after the outputs, `_promote_allocations`): the caller
+    allocates it once and reuses it for every call, instead of the native code allocating and
+    freeing (and the kernel zeroing) each buffer each time. Returns the shape and element size
+    of each such argument, in argument order (none with opt="none").
     Raises CompileError naming the failing stage, with MLIR's diagnostics.
     """
     check_opt(opt)

@@ -337,16 +337,9 @@ def _input_argument(value: ir.Value, block: ir.Block) -> int | None:
 
 def _arguments_of(value: ir.Value, block: ir.Block) -> list[int]:
     """The input arguments of `block` that `value` is computed from."""
-    found: set[int] = set()
-    pending = [value]
-    while pending:
-        v = pending.pop()
-        arg = _input_argument(v, block)
-        if arg is not None:
-            found.add(arg)
-        elif isinstance(v, ir.OpResult) and v.owner.parent == block.owner:
-            pending += list(v.owner.operands)
-    return sorted(found)
+    values = [value, *(operand for inner in _slice(value, block) for operand in inner.operands)]
+    args = (_input_argument(v, block) for v in values)
+    return sorted({arg for arg in args if arg is not None})
 
 
 def _materialize(op: ir.Operation, value: ir.Value, domain: list[int]) -> ir.Value:
@@ -355,10 +348,7 @@ def _materialize(op: ir.Operation, value: ir.Value, domain: list[int]) -> ir.Val
     block = op.regions[0].blocks[0]
     maps = _map_dims(op)
     operands = list(op.operands)
-    sizes: dict[int, int] = {}
-    for operand, dims in zip(operands, maps, strict=True):
-        for d, size in zip(dims, ir.RankedTensorType(operand.type).shape, strict=True):
-            sizes[d] = size
+    sizes = _generic_loop_sizes(op)
     args = _arguments_of(value, block)
     parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
 
@@ -479,15 +469,22 @@ def _loop_sizes(op: ir.Operation) -> tuple[int, ...] | None:
     maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
     if not all(m.is_projected_permutation for m in maps):
         return None
-    sizes: dict[int, int] = {}
-    for value, amap in zip(op.operands, maps, strict=True):
-        shape = ir.RankedTensorType(value.type).shape if isinstance(value.type, ir.RankedTensorType) else []
-        for expr, size in zip(amap.results, shape, strict=True):
-            sizes[ir.AffineDimExpr(expr).position] = size
+    sizes = _generic_loop_sizes(op)
     n = maps[0].n_dims
     if set(sizes) != set(range(n)):
         return None
     return tuple(sizes[d] for d in range(n))
+
+
+def _generic_loop_sizes(op: ir.Operation) -> dict[int, int]:
+    """The size of each loop of a generic (whose maps are projected permutations) that indexes
+    a ranked operand."""
+    sizes: dict[int, int] = {}
+    for value, dims in zip(op.operands, _map_dims(op), strict=True):
+        shape = ir.RankedTensorType(value.type).shape if isinstance(value.type, ir.RankedTensorType) else []
+        for d, size in zip(dims, shape, strict=True):
+            sizes[d] = size
+    return sizes
 
 
 def _vector_element(t: ir.Type) -> bool:

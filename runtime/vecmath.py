@@ -123,14 +123,14 @@ def use_vector_library(module: ir.Module) -> None:
                 _declare(module, name, register)
                 declared.add(name)
             with ir.InsertionPoint(op), op.location:
-                result = op.operands[0] if t.shape[0] == lanes else _zeros(t)
-                for start in range(0, t.shape[0], lanes):
-                    part = op.operands[0]
-                    if t.shape[0] != lanes:
-                        part = vector.ExtractStridedSliceOp(register, part, [start], [lanes], [1]).result
-                    value = func.CallOp([register], ir.FlatSymbolRefAttr.get(name), [part]).result
-                    result = value if t.shape[0] == lanes else vector.InsertStridedSliceOp(
-                        value, result, [start], [1]).result
+                source = op.operands[0]
+                if t.shape[0] == lanes:
+                    result = _call(name, source)
+                else:  # one call per register-sized slice
+                    result = _zeros(t)
+                    for start in range(0, t.shape[0], lanes):
+                        part = vector.ExtractStridedSliceOp(register, source, [start], [lanes], [1]).result
+                        result = vector.InsertStridedSliceOp(_call(name, part), result, [start], [1]).result
             op.results[0].replace_all_uses_with(result)
             op.erase()
 
@@ -146,10 +146,14 @@ def _lanes(t: ir.Type) -> int | None:
     return lanes if t.shape[0] % lanes == 0 else None
 
 
+def _call(name: str, register: ir.Value) -> ir.Value:
+    return func.CallOp([register.type], ir.FlatSymbolRefAttr.get(name), [register]).result
+
+
 def _zeros(t: ir.VectorType) -> ir.Value:
     return arith.ConstantOp(t, ir.DenseElementsAttr.get_splat(t, ir.FloatAttr.get(t.element_type, 0.0))).result
 
 
 def _declare(module: ir.Module, name: str, register: ir.VectorType) -> None:
     with ir.InsertionPoint.at_block_begin(module.body), ir.Location.unknown():
-            func.FuncOp(name, ir.FunctionType.get([register], [register]), visibility="private")
+        func.FuncOp(name, ir.FunctionType.get([register], [register]), visibility="private")

@@ -40,6 +40,19 @@ def _ops(module: ir.Module) -> list[str]:
     return names
 
 
+def _planned(module: ir.Module) -> list[tuple[str, tuple[int, ...]]]:
+    seen: list[tuple[str, tuple[int, ...]]] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        tiling = plan(op)
+        if tiling is not None:
+            seen.append((op.name, tiling[0]))
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return seen
+
+
 def test_divisor() -> None:
     assert [_divisor(n, 8) for n in (1, 7, 8, 12, 64, 197)] == [1, 7, 8, 6, 8, 1]
 
@@ -53,17 +66,8 @@ def test_matmul_becomes_outer_products() -> None:
 
 
 def test_tile_sizes_divide_loops() -> None:
-    seen: list[tuple[str, tuple[int, ...]]] = []
-    module = _linalg(lambda a, b: torch.relu(a @ b).sum(-1), torch.randn(2, 12, 10), torch.randn(2, 10, 40),
-                     stop_before="schedule")
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        tiling = plan(op)
-        if tiling is not None:
-            seen.append((op.name, tiling[0]))
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    seen = _planned(_linalg(lambda a, b: torch.relu(a @ b).sum(-1), torch.randn(2, 12, 10), torch.randn(2, 10, 40),
+                            stop_before="schedule"))
     # a batch matmul (generalized by elementwise fusion): 12 rows -> tile 6, 40 columns -> 20
     assert ("linalg.generic", (1, 6, 20, 1)) in seen
     assert all(s[-1] <= max(VECTOR_WIDTH, MATMUL_TILE[1]) for _, s in seen)
@@ -121,19 +125,6 @@ def test_cache_is_per_level() -> None:
     b = torchtosa.compile(f, x, opt="default")
     assert a.prepare(x)[2] is not b.prepare(x)[2]
     assert torchtosa.compile(f, x, opt="none").prepare(x)[2] is a.prepare(x)[2]
-
-
-def _planned(module: ir.Module) -> list[tuple[str, tuple[int, ...]]]:
-    seen: list[tuple[str, tuple[int, ...]]] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        tiling = plan(op)
-        if tiling is not None:
-            seen.append((op.name, tiling[0]))
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
-    return seen
 
 
 def test_attention_contractions_get_register_tiles() -> None:
