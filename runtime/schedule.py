@@ -10,9 +10,10 @@ exactly as in the reference pipeline (opt="none").
   columns and a reduction step of 1: the vectorized tile is a chain of outer products (one
   broadcast FMA per row), its accumulator hoisted out of the reduction loop into registers.
   Column tiles are the outer loop, so a column panel of the second operand stays in cache. A
-  named contraction's second operand is packed: its producer (nn.Linear's weight transpose) or
-  a copy is fused into the column loop, so each panel is computed into one small contiguous
-  buffer (`_pack`). With opt="parallel" that loop is an scf.forall for large contractions.
+  named contraction's second operand is packed: a loop over column panels first computes each
+  panel (transposing nn.Linear's weight, or copying) into one small contiguous buffer, then
+  the contraction with it (`pack_panels`). With opt="parallel" that loop is an scf.forall for
+  large contractions.
 - 2-D convolutions (NHWC) get the same register tile over (output column, output channel); each
   tile, one output row and one filter tap, is decomposed into a 1-D convolution and vectorized.
 - Everything else that is vectorizable (elementwise and reduction generics, fill, transpose)
@@ -28,10 +29,10 @@ a loop whose size has no divisor near the target gets a smaller tile, down to 1.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable
 
 from mlir import ir
-from mlir.dialects import arith, linalg, tensor
+from mlir.dialects import arith, linalg, scf, tensor
 from mlir.passmanager import PassManager
 
 from . import vecmath
@@ -42,8 +43,6 @@ TRANSPOSE_TILE = 16  # transposes: 16 x 16 tiles
 
 _CONTRACTIONS = {"linalg.batch_matmul": 1, "linalg.matmul": 0}  # op -> number of batch loops
 _CONV = "linalg.conv_2d_nhwc_fhwc"  # loops (n, oh, ow, f, kh, kw, c)
-_PACKED = "packed"  # a contraction whose second operand is computed column panel by column panel
-_PACKED_PARALLEL = "packed-parallel"  # the same, its column panels in parallel (opt="parallel")
 PARALLEL_MIN_MACS = 1 << 24  # smaller contractions stay on the calling thread: tasks cost more
 _PLAIN_MAPS = {
     "linalg.batch_matmul": "[affine_map<(d0, d1, d2, d3) -> (d0, d1, d3)>, affine_map<(d0, d1, d2, d3) -> "
@@ -51,10 +50,10 @@ _PLAIN_MAPS = {
     "linalg.matmul": "[affine_map<(d0, d1, d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> (d2, d1)>, "
     "affine_map<(d0, d1, d2) -> (d0, d1)>]",
 }
-_VECTORIZABLE = ("linalg.generic", "linalg.fill", "linalg.transpose")
+_VECTORIZABLE = ("linalg.generic", "linalg.fill", "linalg.transpose", "linalg.copy")
 _TILE_ATTR = "torchtosa.tile"
-# (conv, packed or "", tile sizes, loop order, tile sizes of a packed contraction's panel)
-Key = tuple[str, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+# (conv or "", tile sizes, loop order)
+Key = tuple[str, tuple[int, ...], tuple[int, ...]]
 
 # After tiling and vectorizing: contractions become outer products with their accumulators in
 # registers; vector transfers and reductions are lowered to what the LLVM lowering handles.
@@ -95,34 +94,23 @@ def schedule(module: ir.Module, parallel: bool = False) -> None:
     """Tile and vectorize the linalg ops of `module` (on tensors) in place.
 
     With `parallel`, the column-panel loops of packed contractions of at least
-    PARALLEL_MIN_MACS multiply-adds are `scf.forall` loops (each iteration with its own panel
-    buffer), for the async runtime to run in parallel.
+    PARALLEL_MIN_MACS multiply-adds are `scf.forall` loops (`pack_panels`), for the async
+    runtime to run in parallel.
     """
     split_prologues(module)
+    pack_panels(module, parallel)
     groups: dict[Key, list[ir.Operation]] = {}
-    planned: list[tuple[ir.Operation, tuple[tuple[int, ...], tuple[int, ...]]]] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
         tiling = plan(op)
         if tiling is not None:
-            planned.append((op, tiling))
+            groups.setdefault((_CONV if op.name == _CONV else "", *tiling), []).append(op)
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
-    if not planned:
+    if not groups:
         return
     with module.context, ir.Location.unknown():
-        packed = {op: _pack(op, tiling[0]) for op, tiling in planned if op.name in _CONTRACTIONS}
-        panels = {panel for panel in packed.values() if panel is not None}
-        for op, tiling in planned:
-            if op in panels:
-                continue  # computed panel by panel inside its contraction's column loop
-            panel = packed.get(op)
-            if panel is not None:
-                kind = _PACKED_PARALLEL if parallel and math.prod(_loop_sizes(op)) >= PARALLEL_MIN_MACS else _PACKED
-                groups.setdefault((kind, *tiling, _panel_tile(panel, tiling[0])), []).append(op)
-            else:
-                groups.setdefault((_CONV if op.name == _CONV else "", *tiling, ()), []).append(op)
         for key, ops in groups.items():
             for op in ops:
                 op.attributes[_TILE_ATTR] = ir.StringAttr.get(_key(key))
@@ -147,36 +135,140 @@ def schedule(module: ir.Module, parallel: bool = False) -> None:
         vecmath.use_vector_library(module)
 
 
-def _pack(op: ir.Operation, sizes: tuple[int, ...]) -> ir.Operation | None:
-    """The op whose result is the second operand of contraction `op`, to be computed one
-    column panel (all k, one column tile) at a time into a small contiguous buffer, or None.
+def pack_panels(module: ir.Module, parallel: bool = False) -> None:
+    """Rewrite each named contraction whose second operand is worth packing (`_panel_source`)
+    as a loop over column panels: each iteration computes one panel of the second operand (all
+    k, one column tile) into a small contiguous buffer, then the contraction of all rows with
+    it. With `parallel`, contractions of at least PARALLEL_MIN_MACS multiply-adds loop with one
+    scf.forall, whose iterations (each with its own panel buffer) the async runtime runs in
+    parallel.
 
-    A transpose (nn.Linear's weight) always is: the panel replaces transposing the whole
-    weight on every call. Otherwise the operand gets a copy, packed panel by panel, if more
-    than one row tile reads each panel: its rows are far apart in memory, the panel's are not.
+    The loops are built here rather than by the transform dialect's fuse_into_containing_op,
+    whose cost grows with the size of the whole function (compile time then grew with the
+    square of a model's depth).
     """
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name in _CONTRACTIONS and plan(op) is not None:
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    with module.context, ir.Location.unknown():
+        for op in found:
+            sizes = plan(op)[0]
+            source = _panel_source(op, sizes)
+            if source is not None:
+                forall = parallel and math.prod(_loop_sizes(op)) >= PARALLEL_MIN_MACS
+                _column_panels(op, source, sizes[-2], forall)
+
+
+def _panel_source(op: ir.Operation, sizes: tuple[int, ...]) -> ir.Operation | None:
+    """The transpose producing contraction `op`'s second operand (nn.Linear's weight), which
+    panels replace: then no call transposes the whole weight. Otherwise `op` itself, meaning
+    "copy the operand panel by panel", if more than one row tile reads each panel (its rows
+    are far apart in memory, the panel's are not). None if packing does not pay."""
     rhs = op.operands[1]
     producer = rhs.owner if isinstance(rhs, ir.OpResult) else None
     if producer is not None and producer.name == "linalg.transpose" and len(list(rhs.uses)) == 1:
         return producer.operation
     m = _CONTRACTIONS[op.name]
-    if _loop_sizes(op)[m] // sizes[m] < 2:
-        return None
-    rhs_type = ir.RankedTensorType(rhs.type)
-    with ir.InsertionPoint(op):
-        empty = tensor.EmptyOp(rhs_type.shape, rhs_type.element_type).result
-        copy = linalg.copy(rhs, outs=[empty])
-    op.operands[1] = copy
-    return copy.owner.operation
+    return op if _loop_sizes(op)[m] // sizes[m] >= 2 else None
 
 
-def _panel_tile(panel: ir.Operation, sizes: tuple[int, ...]) -> tuple[int, ...]:
-    """Tile sizes of a panel (batch..., k, column tile): a transpose in square tiles, a copy by rows."""
-    *batch, k, n = ir.RankedTensorType(panel.results[0].type).shape
-    n = sizes[-2]  # the contraction's column tile
-    if panel.name == "linalg.transpose":
-        return (*[1] * len(batch), _divisor(k, TRANSPOSE_TILE), _divisor(n, TRANSPOSE_TILE))
-    return (*[1] * len(batch), 1, n)
+def _column_panels(op: ir.Operation, source: ir.Operation, tn: int, forall: bool) -> None:
+    """Replace contraction `op` by a loop over (batch..., column tiles of `tn`) computing, per
+    iteration, the panel (transposed from `source`'s input, or copied from the operand) and
+    the contraction of its rows of the first operand with it."""
+    lhs, rhs, init = list(op.operands)[:3]
+    transposed = source != op
+    *batch, m, k = ir.RankedTensorType(lhs.type).shape
+    n = ir.RankedTensorType(rhs.type).shape[-1]
+    ones = [1] * len(batch)
+    with ir.InsertionPoint(op), op.location:
+        ivs, acc, body, finish = _loop_nest([*batch, n], [*ones, tn], init, forall)
+        with ir.InsertionPoint(body):
+            *at, column = ivs
+            offsets, panel_shape = [*at, 0, column], [*ones, k, tn]
+            element = ir.RankedTensorType(rhs.type).element_type
+            empty = tensor.EmptyOp(panel_shape, element).result
+            if transposed:
+                weight = source.operands[0]
+                perm = list(ir.DenseI64ArrayAttr(source.attributes["permutation"]))
+                weight_offsets, weight_shape = [0] * len(perm), [0] * len(perm)
+                for d, p in enumerate(perm):
+                    weight_offsets[p], weight_shape[p] = offsets[d], panel_shape[d]
+                panel = linalg.transpose(_extract(weight, weight_offsets, weight_shape), outs=[empty],
+                                         permutation=perm)
+            else:
+                panel = linalg.copy(_extract(rhs, offsets, panel_shape), outs=[empty])
+            rows = _extract(lhs, [*at, 0, 0], [*ones, m, k]) if batch else lhs
+            tile_offsets, tile_shape = [*at, 0, column], [*ones, m, tn]
+            tile = getattr(linalg, op.name.removeprefix("linalg."))(
+                rows, panel, outs=[_extract(acc, tile_offsets, tile_shape)])
+            result = finish(tile, tile_offsets, tile_shape)
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
+    if transposed:
+        source.erase()  # the whole transpose, now unused
+
+
+Finish = Callable[[ir.Value, list, list[int]], ir.Value]
+
+
+def _loop_nest(sizes: list[int], steps: list[int], init: ir.Value, forall: bool
+               ) -> tuple[list[ir.Value], ir.Value, ir.Block, Finish]:
+    """Loops over `sizes` by `steps` carrying the tensor `init`: nested scf.for, or one
+    scf.forall. Returns the induction variables, the carried tensor, the innermost body, and a
+    function that inserts a tile into the carried tensor at the end of the body (yielding it
+    out of every loop) and returns the loops' result."""
+    if forall:
+        loop = scf.ForallOp([0] * len(sizes), sizes, steps, shared_outs=[init])
+        acc = loop.inner_iter_args[0]
+
+        def finish_forall(tile: ir.Value, offsets: list, shape: list[int]) -> ir.Value:
+            with ir.InsertionPoint(loop.terminator().block):
+                _insert(tensor.ParallelInsertSliceOp, tile, acc, offsets, shape)
+            return loop.results[0]
+
+        return list(loop.induction_variables), acc, loop.body, finish_forall
+    index = ir.IndexType.get()
+    loops: list[scf.ForOp] = []
+    ivs, acc = [], init
+    for size, step in zip(sizes, steps, strict=True):
+        ip = ir.InsertionPoint(loops[-1].body) if loops else None
+        bounds = [arith.ConstantOp(index, v, ip=ip).result for v in (0, size, step)]
+        loops.append(scf.ForOp(*bounds, iter_args=[acc], ip=ip))
+        ivs.append(loops[-1].induction_variable)
+        acc = loops[-1].inner_iter_args[0]
+
+    def finish_for(tile: ir.Value, offsets: list, shape: list[int]) -> ir.Value:
+        value = _insert(tensor.InsertSliceOp, tile, acc, offsets, shape).result
+        for loop in reversed(loops):
+            scf.YieldOp([value], ip=ir.InsertionPoint(loop.body))
+            value = loop.results[0]
+        return value
+
+    return ivs, acc, loops[-1].body, finish_for
+
+
+def _static(offsets: list) -> tuple[list[ir.Value], list[int]]:
+    """Offsets (ints or index values) as the dynamic and static operands of a slice op."""
+    dynamic = [o for o in offsets if isinstance(o, ir.Value)]
+    return dynamic, [ir.ShapedType.get_dynamic_size() if isinstance(o, ir.Value) else o for o in offsets]
+
+
+def _extract(source: ir.Value, offsets: list, shape: list[int]) -> ir.Value:
+    """The slice of `source` at `offsets` of size `shape` (unit strides, rank kept)."""
+    dynamic, static = _static(offsets)
+    result = ir.RankedTensorType.get(shape, ir.RankedTensorType(source.type).element_type)
+    return tensor.ExtractSliceOp(result, source, dynamic, [], [], static, shape, [1] * len(shape)).result
+
+
+def _insert(kind: type, tile: ir.Value, dest: ir.Value, offsets: list, shape: list[int]) -> ir.OpView:
+    dynamic, static = _static(offsets)
+    return kind(tile, dest, dynamic, [], [], static, shape, [1] * len(shape))
 
 
 def plan(op: ir.Operation) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
@@ -513,8 +605,8 @@ def _divisor(n: int, target: int) -> int:
 
 
 def _key(key: Key) -> str:
-    kind, sizes, order, panel = key
-    return f"{kind}:{'x'.join(map(str, sizes))}:{'.'.join(map(str, order))}:{'x'.join(map(str, panel))}"
+    kind, sizes, order = key
+    return f"{kind}:{'x'.join(map(str, sizes))}:{'.'.join(map(str, order))}"
 
 
 def _script(groups: dict[Key, list[ir.Operation]]) -> str:
@@ -524,13 +616,10 @@ def _script(groups: dict[Key, list[ir.Operation]]) -> str:
     ]
     any_op = "!transform.any_op"
     for i, key in enumerate(groups):
-        kind, sizes, order, panel = key
+        kind, sizes, order = key
         results = ", ".join([any_op] * (1 + len(sizes)))
         lines.append(f'  %ops{i} = transform.structured.match attributes{{{_TILE_ATTR} = "{_key(key)}"}}'
                      f" in %root : ({any_op}) -> {any_op}")
-        if kind in (_PACKED, _PACKED_PARALLEL):
-            lines += _packed_contraction(f"%ops{i}", sizes, panel, parallel=kind == _PACKED_PARALLEL)
-            continue
         if kind == _CONV:  # filter to HWCF, then each tile (one output row, one filter tap) is a 1-D conv
             lines.append(f"  %ops{i}_hwcf = transform.structured.transpose_conv2d %ops{i} : ({any_op}) -> {any_op}")
         lines.append(f"  %tiled{i}, %loops{i}:{len(sizes)} = transform.structured.tile_using_for "
@@ -544,45 +633,6 @@ def _script(groups: dict[Key, list[ir.Operation]]) -> str:
     lines.append(_LOWERING)
     lines += ["  transform.yield", "}", "}"]
     return "\n".join(lines)
-
-
-def _tile(handle: str, result: str, sizes: Sequence[int]) -> str:
-    """A tile_using_for of `handle` into `result` (the tiled op) and `result`_loops."""
-    n_loops = sum(1 for s in sizes if s)
-    types = ", ".join(["!transform.any_op"] * (1 + n_loops))
-    return (f"    {result}, {result}_loops:{n_loops} = transform.structured.tile_using_for {handle} "
-            f"tile_sizes [{', '.join(map(str, sizes))}] : (!transform.any_op) -> ({types})")
-
-
-def _packed_contraction(handle: str, sizes: tuple[int, ...], panel: tuple[int, ...], parallel: bool) -> list[str]:
-    """Per contraction: loop over column tiles (batch, n); in each, compute the second operand's
-    column panel (fusing its producer into the loop), then tile rows and k as usual.
-
-    Contraction loops are (batch..., m, n, k), tiled (1..., tm, tn, 1). With `parallel` the
-    column tiles are one scf.forall over (batch..., n).
-    """
-    *batch, tm, tn, _ = sizes
-    any_op = "!transform.any_op"
-    columns = [*batch, 0, tn, 0]
-    if parallel:
-        tile_columns = (f"    %cols, %cols_loop = transform.structured.tile_using_forall %mm tile_sizes "
-                        f"[{', '.join(map(str, columns))}] : ({any_op}) -> ({any_op}, {any_op})")
-        column_loop = "%cols_loop"
-    else:
-        tile_columns, column_loop = _tile("%mm", "%cols", columns), f"%cols_loops#{len(batch)}"
-    return [
-        f"  transform.foreach {handle} : {any_op} {{",
-        f"  ^bb0(%mm: {any_op}):",
-        f"    %src = transform.get_producer_of_operand %mm[1] : ({any_op}) -> {any_op}",
-        tile_columns,
-        f"    %panel, %in = transform.structured.fuse_into_containing_op %src into {column_loop}"
-        f" : ({any_op}, {any_op}) -> ({any_op}, {any_op})",
-        _tile("%panel", "%panel_tile", panel),
-        f"    transform.structured.vectorize %panel_tile : {any_op}",
-        _tile("%cols", "%tile", [*[0] * len(batch), tm, 0, 1]),
-        f"    transform.structured.vectorize %tile : {any_op}",
-        "  }",
-    ]
 
 
 def _reassociate_reductions(module: ir.Module) -> None:
