@@ -24,6 +24,7 @@ from mlir.dialects import arith, linalg, memref, tensor
 from mlir.passmanager import PassManager
 
 from .errors import CompileError
+from .partition import partition
 from .schedule import schedule
 
 PIPELINES: dict[str, str] = {
@@ -110,6 +111,8 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
     """
     check_opt(opt)
     scratch: list[Scratch] = []
+    if opt != "none":
+        partition(module)
     for stage, pipeline in PIPELINES.items():
         if stage == stop_before:
             break
@@ -153,48 +156,92 @@ def _promote_allocations(module: ir.Module) -> list[Scratch]:
     One argument rather than one per buffer: each memref argument becomes 3 + 2 * rank scalar
     arguments of the LLVM function, and LLVM's code generation is quadratic in a call with
     thousands of them. Buffers whose lifetimes do not overlap share memory, which keeps the
-    working set small and in cache.
+    working set small and in cache. A private function (a part of a partitioned function) gets
+    its arena from its caller, as a buffer live during the call: parts share memory too.
+    Returns the arena of each public function.
     """
+    functions = [op for op in module.body.operations if op.operation.name == "func.func" and op.regions[0].blocks]
+    private = {ir.StringAttr(f.attributes["sym_name"]).value for f in functions
+               if "sym_visibility" in f.attributes and ir.StringAttr(f.attributes["sym_visibility"]).value == "private"}
+    arenas: dict[str, int] = {}  # private function -> size of its arena
     scratch: list[Scratch] = []
-    for func in module.body.operations:
-        if func.operation.name != "func.func" or not func.regions[0].blocks:
+    for func in sorted(functions, key=lambda f: ir.StringAttr(f.attributes["sym_name"]).value not in private):
+        _pass_arenas(func, arenas)
+        total = _carve_arena(func, private)
+        name = ir.StringAttr(func.attributes["sym_name"]).value
+        if total is None:
             continue
-        entry = func.regions[0].blocks[0]
-        allocs = [op for op in entry.operations if op.operation.name == "memref.alloc"
-                  and not op.operands and _plain_memref(op.results[0].type)
-                  and not _half_float(ir.MemRefType(op.results[0].type).element_type)
-                  and not any(u.owner.name in _OWNERSHIP_OPS for u in op.results[0].uses)]
-        if not allocs:
-            continue
-        position = {op.operation: i for i, op in enumerate(entry.operations)}
-        buffers = []
-        for alloc in allocs:
-            t = ir.MemRefType(alloc.results[0].type)
-            size = max(1, math.prod(t.shape)) * _element_bytes(t.element_type)
-            last = max((position[_top_level(user, func.operation)] for user in _alias_users(alloc.results[0])),
-                       default=position[alloc.operation])
-            buffers.append((position[alloc.operation], last, size))
-        offsets, total = _assign_offsets(buffers)
-        signature = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
-        with module.context, ir.Location.unknown():
-            arena_type = ir.MemRefType.get([total], ir.IntegerType.get_signless(8))
-            arena = entry.add_argument(arena_type, ir.Location.unknown())
-            for alloc, offset in zip(allocs, offsets, strict=True):
-                with ir.InsertionPoint(alloc), alloc.location:
-                    shift = arith.ConstantOp(ir.IndexType.get(), offset).result
-                    view = memref.ViewOp(alloc.results[0].type, arena, shift, []).result
-                for use in list(alloc.results[0].uses):
-                    if use.owner.name == "memref.dealloc":
-                        use.owner.erase()
-                alloc.results[0].replace_all_uses_with(view)
-                alloc.operation.erase()
-            func.attributes["function_type"] = ir.TypeAttr.get(
-                ir.FunctionType.get([*signature.inputs, arena_type], signature.results))
-            if "arg_attrs" in func.attributes:
-                attrs = [*ir.ArrayAttr(func.attributes["arg_attrs"]), ir.DictAttr.get({})]
-                func.attributes["arg_attrs"] = ir.ArrayAttr.get(attrs)
-        scratch.append(((total,), 1))
+        if name in private:
+            arenas[name] = total
+        else:
+            scratch.append(((total,), 1))
     return scratch
+
+
+def _pass_arenas(func: ir.OpView, arenas: dict[str, int]) -> None:
+    """Give each call in `func`'s body to a function with an arena a new buffer for it."""
+    with func.context, ir.Location.unknown():
+        for op in list(func.regions[0].blocks[0].operations):
+            callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value if op.operation.name == "func.call" else None
+            if callee not in arenas:
+                continue
+            with ir.InsertionPoint(op):
+                arena = memref.AllocOp(ir.MemRefType.get([arenas[callee]], ir.IntegerType.get_signless(8)), [], [])
+                call = ir.Operation.create("func.call", results=[r.type for r in op.results],
+                                           operands=[*op.operands, arena.result],
+                                           attributes={n: op.attributes[n] for n in op.operation.attributes})
+                memref.DeallocOp(arena.result, ip=ir.InsertionPoint.after(call))
+            for old, new in zip(op.results, call.results, strict=True):
+                old.replace_all_uses_with(new)
+            op.erase()
+
+
+def _carve_arena(func: ir.OpView, internal: set[str]) -> int | None:
+    """Replace `func`'s promotable allocations by views of a new trailing arena argument; its
+    size, or None if there is nothing to promote."""
+    entry = func.regions[0].blocks[0]
+    allocs = [op for op in entry.operations if op.operation.name == "memref.alloc"
+              and not op.operands and _plain_memref(op.results[0].type)
+              and not _half_float(ir.MemRefType(op.results[0].type).element_type)
+              and not any(_owned_elsewhere(u.owner, internal) for u in op.results[0].uses)]
+    if not allocs:
+        return None
+    position = {op.operation: i for i, op in enumerate(entry.operations)}
+    buffers = []
+    for alloc in allocs:
+        t = ir.MemRefType(alloc.results[0].type)
+        size = max(1, math.prod(t.shape)) * _element_bytes(t.element_type)
+        last = max((position[_top_level(user, func.operation)] for user in _alias_users(alloc.results[0])),
+                   default=position[alloc.operation])
+        buffers.append((position[alloc.operation], last, size))
+    offsets, total = _assign_offsets(buffers)
+    signature = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+    with func.context, ir.Location.unknown():
+        arena_type = ir.MemRefType.get([total], ir.IntegerType.get_signless(8))
+        arena = entry.add_argument(arena_type, ir.Location.unknown())
+        for alloc, offset in zip(allocs, offsets, strict=True):
+            with ir.InsertionPoint(alloc), alloc.location:
+                shift = arith.ConstantOp(ir.IndexType.get(), offset).result
+                view = memref.ViewOp(alloc.results[0].type, arena, shift, []).result
+            for use in list(alloc.results[0].uses):
+                if use.owner.name == "memref.dealloc":
+                    use.owner.erase()
+            alloc.results[0].replace_all_uses_with(view)
+            alloc.operation.erase()
+        func.attributes["function_type"] = ir.TypeAttr.get(
+            ir.FunctionType.get([*signature.inputs, arena_type], signature.results))
+        if "arg_attrs" in func.attributes:
+            attrs = [*ir.ArrayAttr(func.attributes["arg_attrs"]), ir.DictAttr.get({})]
+            func.attributes["arg_attrs"] = ir.ArrayAttr.get(attrs)
+    return total
+
+
+def _owned_elsewhere(user: ir.OpView, internal: set[str]) -> bool:
+    """Whether `user` means deallocation decides at run time who owns a buffer (a call to a
+    function of this module does not: the caller keeps it)."""
+    if user.name == "func.call":
+        return ir.FlatSymbolRefAttr(user.attributes["callee"]).value not in internal
+    return user.name in _OWNERSHIP_OPS
 
 
 def _half_float(t: ir.Type) -> bool:

@@ -629,8 +629,8 @@ def _script(groups: dict[Key, list[ir.Operation]]) -> str:
         if kind == _CONV:
             lines.append(f"  %tiled{i}_1d = transform.structured.decompose %tiled{i} : ({any_op}) -> {any_op}")
         lines.append(f"  transform.structured.vectorize %tiled{i}{'_1d' if kind == _CONV else ''} : {any_op}")
-    lines.append(f'  %func = transform.structured.match ops{{["func.func"]}} in %root : ({any_op}) -> {any_op}')
-    lines.append(_LOWERING)
+    lines.append(f'  %funcs = transform.structured.match ops{{["func.func"]}} in %root : ({any_op}) -> {any_op}')
+    lines += [f"  transform.foreach %funcs : {any_op} {{", f"  ^bb0(%func: {any_op}):", _LOWERING, "  }"]
     lines += ["  transform.yield", "}", "}"]
     return "\n".join(lines)
 

@@ -1,0 +1,70 @@
+"""Partitioning long functions into parts (private functions called in sequence)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mlir import ir
+from torch import nn
+
+import torchtosa
+from torchtosa import api, partition, pipeline
+from torchtosa.execute import _prepare
+
+MODELS = {
+    "encoder": lambda: (nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0), (torch.randn(2, 9, 32),)),
+    "conv": lambda: (nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                                   nn.Conv2d(8, 8, 3), nn.Sigmoid()), (torch.randn(2, 3, 12, 12),)),
+    "residual_mlp": lambda: (_ResidualMLP(), (torch.randn(6, 24),)),
+}
+
+
+class _ResidualMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(24), nn.Linear(24, 48), nn.GELU(), nn.Linear(48, 24))
+                                    for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + block(x)
+        return x.softmax(-1)
+
+
+def _functions(module: ir.Module) -> list[str]:
+    return [ir.StringAttr(op.attributes["sym_name"]).value for op in module.body.operations
+            if op.operation.name == "func.func"]
+
+
+@pytest.mark.parametrize("opt", ["default", "parallel"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_parts_agree_with_eager(name: str, opt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cut into parts of 8 to 12 ops, models compute what eager does."""
+    monkeypatch.setattr(partition, "PART_OPS", 8)
+    model, inputs = MODELS[name]()
+    model.eval()
+    program = torchtosa.to_tosa(model, *inputs)
+    module = _prepare(program.module, "forward", tuple(program.inputs), tuple(program.outputs))
+    pipeline.lower(module, opt, stop_before="tosa-to-linalg")
+    parts = [f for f in _functions(module) if f.startswith("forward__part")]
+    assert len(parts) >= 3
+    api.CACHE.clear()  # compile it partitioned, not reuse what another test compiled
+    with torch.no_grad():
+        torch.testing.assert_close(torchtosa.compile(model, *inputs, opt=opt)(*inputs), model(*inputs),
+                                   rtol=1e-5, atol=1e-5)
+    api.CACHE.clear()
+
+
+def test_parts_pass_few_values_and_share_one_arena() -> None:
+    """Cuts fall where few values are live (near the residual stream between blocks), and the
+    parts of the lowered module get their memory from the caller's one arena."""
+    model, inputs = MODELS["residual_mlp"]()
+    program = torchtosa.to_tosa(model.eval(), *inputs)
+    module = _prepare(program.module, "forward", tuple(program.inputs), tuple(program.outputs))
+    body = list(next(op for op in module.body.operations).regions[0].blocks[0].operations)[:-1]
+    partition.partition(module, len(body) // 4)
+    assert _functions(module)[-1] == "forward"
+    calls = [op for op in module.body.operations[-1].regions[0].blocks[0].operations if op.name == "func.call"]
+    assert len(calls) == 4
+    assert sum(len(call.results) for call in calls) <= 12
+    assert len(pipeline.lower(module, "default")) == 1  # one arena, for the caller
