@@ -30,7 +30,10 @@ linears, convolutions and attention; elementwise ops are not counted). Compile t
 first call. "peak RSS" is how much the process's peak resident memory rose while compiling and
 making the first call (VmHWM, reset through /proc/self/clear_refs).
 
-Prints the table and writes it to docs/benchmarks.md (unless --no-write). Nothing here asserts on
+Then (unless --only or --no-scaling) a second table: torchtosa's compile time, split into capture,
+import and lowering + JIT, for BertModel of 1, 2, 4 and 8 layers, to show how it grows with depth.
+
+Prints the tables and writes them to docs/benchmarks.md (unless --no-write). Nothing here asserts on
 time: the numbers depend on the machine and its load.
 """
 
@@ -70,6 +73,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count  # noqa: E
 
 import torchtosa  # noqa: E402
 from torchtosa.capture import capture  # noqa: E402
+from torchtosa.execute import NativeFunction  # noqa: E402
 from torchtosa.importer import import_graph  # noqa: E402
 
 Inputs = tuple[Any, ...]
@@ -115,12 +119,12 @@ def build_matmul() -> tuple[nn.Module, Inputs]:
     return MatMul(), (torch.randn(1024, 1024), torch.randn(1024, 1024))
 
 
-def build_bert() -> tuple[nn.Module, Inputs]:
+def build_bert(layers: int = 2) -> tuple[nn.Module, Inputs]:
     # As tests/test_models.py: random weights from a config object, the hub switched off above.
     from transformers import BertConfig, BertModel
 
     vocab, seq = 1000, 64
-    config = BertConfig(vocab_size=vocab, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+    config = BertConfig(vocab_size=vocab, hidden_size=256, num_hidden_layers=layers, num_attention_heads=4,
                         intermediate_size=1024, max_position_embeddings=128)
     ids = torch.randint(1, vocab, (1, seq))
     mask = torch.ones(1, seq, dtype=torch.long)  # a tokenizer's mask for an unpadded sequence
@@ -408,8 +412,8 @@ def rows_of(name: str, flops: int, backends: list[Backend]) -> list[list[str]]:
     return rows
 
 
-def markdown(rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+def markdown(rows: list[list[str]], header: list[str] = HEADER) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
 
@@ -422,6 +426,40 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+SCALING_LAYERS = (1, 2, 4, 8)
+
+
+def compile_scaling() -> str:
+    """A table of torchtosa's compile time (opt="default") for BertModel of 1 to 8 layers: capture
+    (Dynamo + AOTAutograd), import to TOSA, and lowering + JIT + the first call."""
+    header = ["layers", "TOSA ops", "parts", "capture", "import", "lower + JIT + 1st call", "per layer"]
+    rows: list[list[str]] = []
+    previous: tuple[int, float] | None = None
+    for layers in SCALING_LAYERS:
+        torch.manual_seed(0)
+        torch._dynamo.reset()
+        model, inputs = build_bert(layers)
+        model.eval()
+        with torch.no_grad():
+            start = time.perf_counter()
+            captured = capture(model, inputs, {})
+            captured_at = time.perf_counter()
+            program = import_graph(captured.gm)
+            imported_at = time.perf_counter()
+            native = NativeFunction(program.module, program.inputs, program.outputs)
+            native(*captured.params, *inputs)
+            done = time.perf_counter()
+        ops = len(list(program.module.body.operations[0].regions[0].blocks[0].operations))
+        parts = sum(1 for op in native._module.body.operations if "__part" in str(op.attributes["sym_name"]))
+        lowered = done - imported_at
+        slope = f"{(lowered - previous[1]) / (layers - previous[0]):.2f} s" if previous else "-"
+        previous = (layers, lowered)
+        rows.append([str(layers), str(ops), str(parts or 1), f"{captured_at - start:.2f} s",
+                     f"{imported_at - captured_at:.2f} s", f"{lowered:.2f} s", slope])
+        print("  " + "  ".join(rows[-1]), flush=True)
+    return markdown(rows, header)
+
+
 def command_line() -> str:
     script = Path(sys.argv[0]).resolve()
     with contextlib.suppress(ValueError):
@@ -429,13 +467,17 @@ def command_line() -> str:
     return shlex.join(["python", str(script), *sys.argv[1:]])
 
 
-def write_doc(env: dict[str, str], table: str, notes: list[str]) -> None:
+def write_doc(env: dict[str, str], table: str, notes: list[str], scaling: str | None) -> None:
     text = ["# Benchmarks", "",
             "Written by `scripts/bench.py` (`make bench`); regenerate rather than edit. The method (backends, "
             "interleaved timing, FLOP counting, what compile time and peak RSS include) is described in the "
             "script's docstring.", ""]
     text += [f"- {key}: {value}" for key, value in env.items()]
     text += ["", table, ""]
+    if scaling:
+        text += ["## Compile time against depth", "",
+                 "torchtosa (opt=\"default\") on BertModel h256 of 1 to 8 layers, [1x64 tokens]; \"per layer\" is "
+                 "the growth of lowering + JIT + first call per added layer since the row above.", "", scaling, ""]
     if notes:
         text += ["Notes:", ""] + [f"- {note}" for note in notes] + [""]
     DOC.write_text("\n".join(text))
@@ -450,6 +492,7 @@ def main() -> int:
                         help='time torchtosa opt="none" on every workload (by default only on the small ones)')
     parser.add_argument("--warm", action="store_true", help="reuse inductor's default on-disk cache")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    parser.add_argument("--no-scaling", action="store_true", help="skip the compile time against depth table")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -515,13 +558,20 @@ def main() -> int:
         for row in new:
             print("  " + "  ".join(row[1:]), flush=True)
 
+    scaling = None
+    if not args.no_scaling and not args.only:
+        print("\ncompile time against depth (BertModel h256):", flush=True)
+        scaling = compile_scaling()
     table = markdown(rows)
     print()
     print(table)
+    if scaling:
+        print()
+        print(scaling)
     for note in notes:
         print(note)
     if not args.no_write and rows:
-        write_doc(env, table, notes)
+        write_doc(env, table, notes, scaling)
         print(f"\nwrote {DOC.relative_to(ROOT)}")
     return 0
 
