@@ -102,7 +102,8 @@ Scratch = tuple[tuple[int, ...], int]  # (shape, bytes per element) of a buffer 
 def lower(module: ir.Module, opt: str = "default", stop_before: str | None = None) -> list[Scratch]:
     """Lower a TOSA module in place to the LLVM dialect (or up to the stage `stop_before`).
 
-    With opt="default" or "parallel", the function's intermediate buffers are carved out of one
+    With opt="default" or "parallel", a long function is first cut into parts (`partition`),
+    and the function's intermediate buffers are carved out of one
     extra trailing byte-buffer argument (after the outputs, `_promote_allocations`): the caller
     allocates it once and reuses it for every call, instead of the native code allocating and
     freeing (and the kernel zeroing) each buffer each time. Returns the shape and element size
