@@ -12,8 +12,12 @@ shape verification. Values crossing a cut become arguments and results.
 
 from __future__ import annotations
 
+import itertools
+
 from mlir import ir
 from mlir.dialects import func
+
+from .irutil import is_sub_byte, top_level
 
 PART_OPS = 200  # top-level ops per part
 _CONSTANTS = ("tosa.const", "tosa.const_shape", "arith.constant")
@@ -44,31 +48,29 @@ def _cuts(body: list[ir.Operation], position: dict[ir.Operation, int], function:
     """Positions to cut `body` before: each part has `size` to 1.5 x `size` ops, cut where the
     fewest values are live across. Never where a boolean crosses: as an argument or result it
     would be an i1 buffer, which the LLVM lowering cannot store."""
-    crossing = [0] * (len(body) + 1)  # crossing[c]: values defined before c and used at or after c
-    boolean = [False] * (len(body) + 1)
+    # crossing[c]: values defined before c and used at or after c; booleans[c]: of them, booleans
+    crossing, booleans = [0] * (len(body) + 2), [0] * (len(body) + 2)  # as differences first
     for i, op in enumerate(body):
         if op.name in _CONSTANTS:
             continue
         for result in op.results:
-            last = max((position.get(_top_level(use.owner, function), len(body)) for use in result.uses), default=i)
-            sub_byte = _sub_byte(result.type)
-            for c in range(i + 1, last + 1):
-                crossing[c] += 1
-                boolean[c] = boolean[c] or sub_byte
+            last = max((position.get(top_level(use.owner, function), len(body)) for use in result.uses), default=i)
+            t = result.type
+            element = ir.ShapedType(t).element_type if isinstance(t, ir.ShapedType) else t
+            counts = (crossing, booleans) if is_sub_byte(element) else (crossing,)
+            for count in counts:
+                count[i + 1] += 1
+                count[last + 1] -= 1
+    crossing, booleans = list(itertools.accumulate(crossing)), list(itertools.accumulate(booleans))
     cuts, start = [], 0
     while len(body) - start > size * 3 // 2:
-        allowed = [c for c in range(start + size, len(body) - size // 2) if not boolean[c]]
+        allowed = [c for c in range(start + size, len(body) - size // 2) if not booleans[c]]
         if not allowed:
             break
         window = [c for c in allowed if c <= start + size * 3 // 2] or allowed[:1]
         start = min(window, key=lambda c: (crossing[c], c))
         cuts.append(start)
     return cuts
-
-
-def _sub_byte(t: ir.Type) -> bool:
-    element = ir.ShapedType(t).element_type if isinstance(t, ir.ShapedType) else t
-    return isinstance(element, ir.IntegerType) and element.width < 8
 
 
 def _outline(function: ir.Operation, ops: list[ir.Operation], name: str) -> None:
@@ -87,18 +89,17 @@ def _outline(function: ir.Operation, ops: list[ir.Operation], name: str) -> None
             elif (owner is None or owner.operation not in inside) and value not in inputs:
                 inputs.append(value)
     outputs = [r for op in ops for r in op.results
-               if any(_top_level(use.owner, function) not in inside for use in r.uses)]
+               if any(top_level(use.owner, function) not in inside for use in r.uses)]
     if not outputs:
         return  # nothing of it is used (folding removes it later)
-    callee = func.FuncOp(name, ([v.type for v in inputs], [v.type for v in outputs]),
+    callee = func.FuncOp(name, ([v.type for v in inputs], [v.type for v in outputs]), visibility="private",
                          ip=ir.InsertionPoint(function))
-    callee.attributes["sym_visibility"] = ir.StringAttr.get("private")
     entry = callee.add_entry_block()
     with ir.InsertionPoint(ops[0]):
         call = func.CallOp([v.type for v in outputs], ir.FlatSymbolRefAttr.get(name), inputs)
     for value, result in zip(outputs, call.results, strict=True):
         for use in list(value.uses):
-            if _top_level(use.owner, function) not in inside:
+            if top_level(use.owner, function) not in inside:
                 use.owner.operands[use.operand_number] = result
     with ir.InsertionPoint(entry):
         clones = {c: c.clone() for c in constants}
@@ -113,7 +114,7 @@ def _outline(function: ir.Operation, ops: list[ir.Operation], name: str) -> None
             if _within(use.owner.operation, callee.operation):
                 use.owner.operands[use.operand_number] = new
     for const in constants:
-        if not any(True for _ in const.results[0].uses):
+        if not list(const.results[0].uses):
             const.erase()
 
 
@@ -143,11 +144,3 @@ def _within(op: ir.Operation | None, ancestor: ir.Operation) -> bool:
             return True
         op = op.parent.operation if op.parent is not None else None
     return False
-
-
-def _top_level(op: ir.Operation, function: ir.Operation) -> ir.Operation:
-    """The ancestor of `op` (or `op` itself) directly in `function`'s body."""
-    op = op.operation
-    while op.parent is not None and op.parent.operation != function:
-        op = op.parent.operation
-    return op

@@ -24,6 +24,7 @@ from mlir.dialects import arith, linalg, memref, tensor
 from mlir.passmanager import PassManager
 
 from .errors import CompileError
+from .irutil import is_sub_byte, top_level
 from .partition import partition
 from .schedule import schedule
 
@@ -161,15 +162,16 @@ def _promote_allocations(module: ir.Module) -> list[Scratch]:
     its arena from its caller, as a buffer live during the call: parts share memory too.
     Returns the arena of each public function.
     """
-    functions = [op for op in module.body.operations if op.operation.name == "func.func" and op.regions[0].blocks]
-    private = {ir.StringAttr(f.attributes["sym_name"]).value for f in functions
+    functions = {ir.StringAttr(op.attributes["sym_name"]).value: op for op in module.body.operations
+                 if op.operation.name == "func.func" and op.regions[0].blocks}
+    private = {name for name, f in functions.items()
                if "sym_visibility" in f.attributes and ir.StringAttr(f.attributes["sym_visibility"]).value == "private"}
     arenas: dict[str, int] = {}  # private function -> size of its arena
     scratch: list[Scratch] = []
-    for func in sorted(functions, key=lambda f: ir.StringAttr(f.attributes["sym_name"]).value not in private):
+    for name in sorted(functions, key=lambda name: name not in private):  # callees first
+        func = functions[name]
         _pass_arenas(func, arenas)
         total = _carve_arena(func, private)
-        name = ir.StringAttr(func.attributes["sym_name"]).value
         if total is None:
             continue
         if name in private:
@@ -212,7 +214,7 @@ def _carve_arena(func: ir.OpView, internal: set[str]) -> int | None:
     for alloc in allocs:
         t = ir.MemRefType(alloc.results[0].type)
         size = max(1, math.prod(t.shape)) * _element_bytes(t.element_type)
-        last = max((position[_top_level(user, func.operation)] for user in _alias_users(alloc.results[0])),
+        last = max((position[top_level(user, func.operation)] for user in _alias_users(alloc.results[0])),
                    default=position[alloc.operation])
         buffers.append((position[alloc.operation], last, size))
     offsets, total = _assign_offsets(buffers)
@@ -284,13 +286,6 @@ def _alias_users(value: ir.Value) -> list[ir.Operation]:
             if use.owner.name.startswith("memref."):
                 pending += [r for r in use.owner.results if isinstance(r.type, ir.MemRefType)]
     return users
-
-
-def _top_level(op: ir.Operation, func: ir.Operation) -> ir.Operation:
-    """The ancestor of `op` (or `op` itself) directly in `func`'s body."""
-    while op.parent is not None and op.parent != func:
-        op = op.parent
-    return op
 
 
 def _plain_memref(t: ir.Type) -> bool:
@@ -365,7 +360,7 @@ def _split_boolean_producers(module: ir.Module) -> None:
         if (
             op.name == "linalg.generic"
             and "reduction" not in str(op.attributes["iterator_types"])
-            and any(_is_sub_byte(ir.ShapedType(r.type).element_type) for r in op.results)
+            and any(is_sub_byte(ir.ShapedType(r.type).element_type) for r in op.results)
         ):
             producers.append(op)
         return ir.WalkResult.ADVANCE
@@ -435,7 +430,7 @@ def _reject_sub_byte_buffers(module: ir.Module) -> None:
         if op.name == "memref.global":
             types.append(ir.TypeAttr(op.attributes["type"]).value)
         for t in types:
-            if isinstance(t, ir.MemRefType) and _is_sub_byte(t.element_type):
+            if isinstance(t, ir.MemRefType) and is_sub_byte(t.element_type):
                 found.append(f"{op.name} at {op.location}: {t}")
                 return ir.WalkResult.INTERRUPT
         return ir.WalkResult.ADVANCE
@@ -446,7 +441,3 @@ def _reject_sub_byte_buffers(module: ir.Module) -> None:
             "stage 'bufferize' produced a buffer of sub-byte elements, which the "
             f"LLVM lowering cannot handle (booleans must be i8 in memory): {found[0]}"
         )
-
-
-def _is_sub_byte(t: ir.Type) -> bool:
-    return isinstance(t, ir.IntegerType) and t.width < 8

@@ -147,24 +147,25 @@ def pack_panels(module: ir.Module, parallel: bool = False) -> None:
     whose cost grows with the size of the whole function (compile time then grew with the
     square of a model's depth).
     """
-    found: list[ir.Operation] = []
+    found: list[tuple[ir.Operation, tuple[int, ...]]] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name in _CONTRACTIONS and plan(op) is not None:
-            found.append(op)
+        tiling = plan(op) if op.name in _CONTRACTIONS else None
+        if tiling is not None:
+            found.append((op, tiling[0]))
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
     with module.context, ir.Location.unknown():
-        for op in found:
-            sizes = plan(op)[0]
-            source = _panel_source(op, sizes)
+        for op, sizes in found:
+            loops = _loop_sizes(op)
+            source = _panel_source(op, loops, sizes)
             if source is not None:
-                forall = parallel and math.prod(_loop_sizes(op)) >= PARALLEL_MIN_MACS
+                forall = parallel and math.prod(loops) >= PARALLEL_MIN_MACS
                 _column_panels(op, source, sizes[-2], forall)
 
 
-def _panel_source(op: ir.Operation, sizes: tuple[int, ...]) -> ir.Operation | None:
+def _panel_source(op: ir.Operation, loops: tuple[int, ...], sizes: tuple[int, ...]) -> ir.Operation | None:
     """The transpose producing contraction `op`'s second operand (nn.Linear's weight), which
     panels replace: then no call transposes the whole weight. Otherwise `op` itself, meaning
     "copy the operand panel by panel", if more than one row tile reads each panel (its rows
@@ -174,7 +175,7 @@ def _panel_source(op: ir.Operation, sizes: tuple[int, ...]) -> ir.Operation | No
     if producer is not None and producer.name == "linalg.transpose" and len(list(rhs.uses)) == 1:
         return producer.operation
     m = _CONTRACTIONS[op.name]
-    return op if _loop_sizes(op)[m] // sizes[m] >= 2 else None
+    return op if loops[m] // sizes[m] >= 2 else None
 
 
 def _column_panels(op: ir.Operation, source: ir.Operation, tn: int, forall: bool) -> None:
