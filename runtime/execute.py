@@ -198,8 +198,8 @@ def _prepare(
     """Clone `module`, check @name's signature, set what the calling convention needs."""
     with module.context, ir.Location.unknown():
         clone = ir.Module.create()
-        for attr in module.operation.attributes:
-            clone.operation.attributes[attr.name] = attr.attr
+        for key in module.operation.attributes:  # iterating the attributes yields their names
+            clone.operation.attributes[key] = module.operation.attributes[key]
         for op in module.body.operations:
             op.clone(ip=ir.InsertionPoint(clone.body))
         func = next(

@@ -81,6 +81,14 @@ def test_original_module_is_untouched() -> None:
     assert str(module) == before
 
 
+def test_module_attributes_are_kept() -> None:
+    module = parse("module attributes {torchtosa.note = \"kept\"} {" + ADD_MUL + "}")
+    compiled = NativeFunction(module, [A, B], [A, A, B])
+    assert str(compiled._module.operation.attributes["torchtosa.note"]) == '"kept"'
+    a, b = rand(4, 3), rand(1, 3, seed=1)
+    torch.testing.assert_close(compiled(a, b)[1], (a + b) * b)
+
+
 def test_non_contiguous_and_offset_inputs(add_mul: NativeFunction) -> None:
     a = rand(3, 4).t()  # transposed: not contiguous
     b = rand(5, 3, seed=1)[2:3]  # contiguous view with a storage offset
