@@ -21,10 +21,9 @@ import math
 
 from mlir import ir
 from mlir.dialects import arith, linalg, memref, tensor
-from mlir.passmanager import PassManager
 
 from .errors import CompileError
-from .irutil import is_sub_byte, top_level
+from .irutil import is_sub_byte, run_passes, top_level
 from .partition import partition
 from .schedule import schedule
 
@@ -137,12 +136,22 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
             _reject_sub_byte_buffers(module)
             if opt != "none":
                 scratch = _promote_allocations(module)
-        pm = PassManager.parse(pipeline, context=module.context)
+        _verify(module, f"the input of stage {stage!r}")
         try:
-            pm.run(module.operation)
+            run_passes(module, pipeline)
         except ir.MLIRError as e:
             raise CompileError(f"stage {stage!r} failed: {e}") from e
+    _verify(module, "the lowered module")
     return scratch
+
+
+def _verify(module: ir.Module, what: str) -> None:
+    """CompileError if `module` is invalid IR (the passes run without verifying after each
+    pass, `run_passes`; a pass given invalid IR may crash rather than fail)."""
+    try:
+        module.operation.verify()
+    except ir.MLIRError as e:
+        raise CompileError(f"{what} is invalid: {e}") from e
 
 
 # Uses that mean deallocation decides at run time who owns a buffer: never hand such a buffer

@@ -33,9 +33,9 @@ from collections.abc import Callable
 
 from mlir import ir
 from mlir.dialects import arith, linalg, scf, tensor
-from mlir.passmanager import PassManager
 
 from . import vecmath
+from .irutil import run_passes
 
 MATMUL_TILE = (8, 32)  # 8 rows x 32 columns of f32: 16 AVX-512 accumulators
 VECTOR_WIDTH = 64  # innermost tile of other ops: 4 AVX-512 registers of f32
@@ -120,7 +120,8 @@ def schedule(module: ir.Module, parallel: bool = False) -> None:
             op.detach_from_parent()
             module.body.append(op)
     try:
-        PassManager.parse("builtin.module(transform-interpreter)", context=module.context).run(module.operation)
+        module.operation.verify()  # the interpreter runs unverified on what pack_panels built
+        run_passes(module, "builtin.module(transform-interpreter)")
     finally:
         for op in list(module.body.operations):
             if op.name == "transform.named_sequence":
@@ -129,7 +130,7 @@ def schedule(module: ir.Module, parallel: bool = False) -> None:
         _drop_tile_attrs(module)
     # canonicalize drops the loop-carried values that hoisting leaves unchanged, which
     # bufferization would otherwise resolve with a buffer copy per tile
-    PassManager.parse("builtin.module(canonicalize,cse)", context=module.context).run(module.operation)
+    run_passes(module, "builtin.module(canonicalize,cse)")
     _reassociate_reductions(module)
     if vecmath.library() is not None:
         vecmath.use_vector_library(module)
