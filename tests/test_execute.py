@@ -294,6 +294,22 @@ def test_lowering_failure_names_stage() -> None:
         lower(parse(src))
 
 
+@pytest.mark.parametrize("opt", ["none", "default"])
+def test_invalid_stage_input_is_a_compile_error(opt: str) -> None:
+    # Passes run without the per-pass verifier: invalid IR must be caught before a stage runs.
+    module = parse("""
+    func.func @forward(%a: tensor<4xf32>) -> tensor<4xf32> {
+      %b = tosa.abs %a : (tensor<4xf32>) -> tensor<4xf32>
+      return %b : tensor<4xf32>
+    }
+    """)
+    with module.context:
+        func = module.body.operations[0]
+        func.attributes["function_type"] = ir.TypeAttr.get(ir.Type.parse("(tensor<4xf32>) -> tensor<5xf32>"))
+    with pytest.raises(CompileError, match=r"(?s)input of stage 'tosa-to-linalg' is invalid.*type of return operand"):
+        lower(module, opt)
+
+
 def test_i1_buffers_raise_instead_of_aborting() -> None:
     # tosa.reverse reads its input by index, so the i1 comparison gets a buffer.
     internal = """
