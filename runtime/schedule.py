@@ -98,6 +98,7 @@ def schedule(module: ir.Module, parallel: bool = False) -> None:
     runtime to run in parallel.
     """
     split_prologues(module)
+    collapse_reductions(module)
     pack_panels(module, parallel)
     groups: dict[Key, list[ir.Operation]] = {}
 
@@ -422,6 +423,66 @@ def _split_prologue(op: ir.Operation) -> None:
     _replace_with_contraction(op, new_inputs, new_maps, mul.name, add.name)
 
 
+def collapse_reductions(module: ir.Module) -> None:
+    """`_collapse_reductions` every plain generic contraction of `module`."""
+    found: list[ir.Operation] = []
+
+    def find(op: ir.Operation) -> ir.WalkResult:
+        if _sum_of_products(op) is not None and len(list(op.regions[0].blocks[0].operations)) == 3:
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(find, ir.WalkOrder.PRE_ORDER)
+    with module.context, ir.Location.unknown():
+        for op in found:
+            _collapse_reductions(op)
+
+
+def _collapse_reductions(op: ir.Operation) -> None:
+    """Merge the reduction loops of a plain generic contraction (`out + x * y`) into one when
+    each input reads them as one run of adjacent dimensions in the same order: a linear layer
+    applied to heads that fusion moved a reshape into (sum over head and head dimension).
+
+    The register tile vectorizes a single reduction loop; with two, each tile became
+    8 x 32 scalar multiply-adds.
+    """
+    iterators = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+    reductions = [d for d, kind in enumerate(iterators) if "reduction" in kind]
+    maps = _map_dims(op)
+    if len(reductions) < 2 or any(d in maps[-1] for d in reductions):
+        return
+    run: list[int] | None = None
+    for dims in maps[:-1]:
+        where = [i for i, d in enumerate(dims) if d in reductions]
+        if not where:
+            continue
+        found = dims[where[0]:where[-1] + 1]
+        if len(found) != len(reductions) or (run is not None and found != run):
+            return
+        run = found
+    if run is None:
+        return
+    first, merged = run[0], set(run[1:])
+    renumber = {d: d - sum(1 for m in merged if m < d) for d in range(len(iterators)) if d not in merged}
+    inputs, dims = [], []
+    with ir.InsertionPoint(op), op.location:
+        for value, operand_dims in zip(op.operands, maps[:-1], strict=False):
+            if first in operand_dims:
+                start = operand_dims.index(first)
+                groups = [[i] for i in range(start)] + [list(range(start, start + len(run)))]
+                groups += [[i] for i in range(start + len(run), len(operand_dims))]
+                shape = ir.RankedTensorType(value.type).shape
+                collapsed = [math.prod(shape[i] for i in g) for g in groups]
+                result = ir.RankedTensorType.get(collapsed, ir.RankedTensorType(value.type).element_type)
+                value = tensor.CollapseShapeOp(result, value, [[*g] for g in groups]).result
+                operand_dims = operand_dims[:start + 1] + operand_dims[start + len(run):]
+            inputs.append(value)
+            dims.append([renumber[d] for d in operand_dims])
+    kept = ir.ArrayAttr.get([a for d, a in enumerate(ir.ArrayAttr(op.attributes["iterator_types"])) if d not in merged])
+    mul, add = list(op.regions[0].blocks[0].operations)[:2]
+    _replace_with_contraction(op, inputs, dims, mul.name, add.name, [renumber[d] for d in maps[-1]], kept)
+
+
 def _input_argument(value: ir.Value, block: ir.Block) -> int | None:
     """The input number if `value` is an input argument of the generic's body, else None."""
     if isinstance(value, ir.BlockArgument) and value.owner == block and value.arg_number < len(block.arguments) - 1:
@@ -496,15 +557,17 @@ _ARITH = {"arith.mulf": arith.MulFOp, "arith.muli": arith.MulIOp,
 
 
 def _replace_with_contraction(op: ir.Operation, inputs: list[ir.Value], dims: list[list[int]],
-                              mul: str, add: str) -> None:
+                              mul: str, add: str, out_dims: list[int] | None = None,
+                              iterators: ir.ArrayAttr | None = None) -> None:
     """Replace generic contraction `op` by `out + x * y` of the tensors `inputs` (x, y) read
-    along the loops `dims`."""
+    along the loops `dims`, the output along `out_dims`, over the loops `iterators` (by default
+    `op`'s own)."""
     maps = _map_dims(op)
-    iterators = op.attributes["iterator_types"]
+    iterators = iterators or op.attributes["iterator_types"]
     n_loops = len(ir.ArrayAttr(iterators))
     init = list(op.operands)[len(maps) - 1]
     affine = [ir.AffineMapAttr.get(ir.AffineMap.get(n_loops, 0, [ir.AffineDimExpr.get(d) for d in ds]))
-              for ds in [*dims, maps[-1]]]
+              for ds in [*dims, maps[-1] if out_dims is None else out_dims]]
     with ir.InsertionPoint(op), op.location:
         generic = linalg.GenericOp([op.results[0].type], inputs, [init], ir.ArrayAttr.get(affine), iterators)
         types = [ir.RankedTensorType(v.type).element_type for v in [*inputs, init]]

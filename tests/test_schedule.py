@@ -142,6 +142,58 @@ def test_attention_contractions_get_register_tiles() -> None:
     torch.testing.assert_close(torchtosa.compile(sdpa, q, k, v)(q, k, v), sdpa(q, k, v), rtol=1e-5, atol=1e-5)
 
 
+class _MergeHeads(nn.Module):
+    """Attention's output projection: heads (B, H, S, D) -> (B, S, H * D) -> nn.Linear."""
+
+    def __init__(self, heads: int, dim: int, out: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(heads * dim, out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, h, s, d = x.shape
+        return self.proj(x.transpose(1, 2).reshape(b, s, h * d))
+
+
+@pytest.mark.parametrize("shape", [(1, 4, 64, 64), (1, 3, 16, 8)])
+def test_reduction_loops_read_as_one_run_are_merged(shape: tuple[int, ...]) -> None:
+    """Fusion moves the head merge into the projection, a contraction over (head, head dim):
+    the schedule merges the two reduction loops so that it tiles as a matmul, whose one
+    reduction loop the register tile needs."""
+    model = _MergeHeads(shape[1], shape[3], 40).eval()
+    x = torch.randn(*shape)
+    module = _linalg(model, x, stop_before="schedule")
+
+    def reductions() -> list[int]:
+        counts: list[int] = []
+
+        def visit(op: ir.Operation) -> ir.WalkResult:
+            if schedule._sum_of_products(op) is not None:
+                counts.append(str(op.attributes["iterator_types"]).count("reduction"))
+            return ir.WalkResult.ADVANCE
+
+        module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+        return counts
+
+    assert reductions() == [2]
+    schedule.collapse_reductions(module)
+    assert reductions() == [1]
+    assert plan(next(op for op in _generics(module) if schedule._sum_of_products(op)))[0][:2] == (8, _divisor(40, 32))
+    with torch.no_grad():
+        torch.testing.assert_close(torchtosa.compile(model, x)(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def _generics(module: ir.Module) -> list[ir.Operation]:
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "linalg.generic":
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return found
+
+
 def test_linear_weight_is_transposed_panel_by_panel() -> None:
     """nn.Linear's weight is never transposed whole: each column panel is, into a buffer
     reused for every panel."""
