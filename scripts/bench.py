@@ -30,6 +30,8 @@ linears, convolutions and attention; elementwise ops are not counted). Compile t
 first call. "peak RSS" is how much the process's peak resident memory rose while compiling and
 making the first call (VmHWM, reset through /proc/self/clear_refs).
 
+The header gives one core's f32 FMA peak (`scripts/peak.py`), the ceiling of any one-thread GF/s.
+
 Then (unless --only or --no-scaling) a second table: torchtosa's compile time, split into capture,
 import and lowering + JIT, for BertModel of 1, 2, 4 and 8 layers, to show how it grows with depth.
 
@@ -75,6 +77,9 @@ import torchtosa  # noqa: E402
 from torchtosa.capture import capture  # noqa: E402
 from torchtosa.execute import NativeFunction  # noqa: E402
 from torchtosa.importer import import_graph  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peak import fma_peak_gflops  # noqa: E402
 
 Inputs = tuple[Any, ...]
 BATCH_S = 0.05  # target duration of one timing batch
@@ -508,6 +513,9 @@ def main() -> int:
         "IREE": iree or "not installed",
         "load average at start (1/5/15 min)": " / ".join(f"{x:.2f}" for x in loads),
         "command": f"`{command_line()}`",
+        "one core's f32 FMA peak": f"{fma_peak_gflops():.0f} GF/s (`scripts/peak.py`: independent vector FMAs, "
+                                   "no memory traffic, JIT-compiled like torchtosa's code): the ceiling of the GF/s "
+                                   "column on one thread",
         "timing": f"{args.warmup} warmup calls, median of {args.repeats} interleaved batches of ~{BATCH_S * 1e3:.0f} "
                   f"ms per backend; inductor cache {'default (warm)' if args.warm else 'fresh (cold compile)'}",
     }
