@@ -2,8 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from mlir import ir
 from mlir.passmanager import PassManager
+
+
+def find_ops(root: ir.Module | ir.Operation, predicate: Callable[[ir.Operation], bool]) -> list[ir.Operation]:
+    """The ops nested in `root` (pre-order) for which `predicate` holds: collected first, so
+    the caller may rewrite them."""
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if predicate(op):
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    root.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return found
 
 
 def top_level(op: ir.Operation, function: ir.Operation) -> ir.Operation:

@@ -23,7 +23,7 @@ from mlir import ir
 from mlir.dialects import arith, linalg, memref, tensor
 
 from .errors import CompileError
-from .irutil import is_sub_byte, run_passes, top_level
+from .irutil import find_ops, is_sub_byte, run_passes, top_level
 from .partition import partition
 from .schedule import schedule
 
@@ -317,16 +317,10 @@ def _exact_float_arith(module: ir.Module) -> None:
     at index 0); only no TOSA folder sees it, so `x * 0.0` stays NaN for x = inf or NaN and
     `-0.0 + 0.0` stays +0.0. arith's folders are IEEE-exact (mulf x, 1 and addf x, -0 only).
     """
-    found: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if (op.name in _FLOAT_ARITH and len(op.results) == 1
-                and isinstance(op.results[0].type, ir.RankedTensorType)
-                and isinstance(ir.RankedTensorType(op.results[0].type).element_type, ir.FloatType)):
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    found = find_ops(module, lambda op: (
+        op.name in _FLOAT_ARITH and len(op.results) == 1
+        and isinstance(op.results[0].type, ir.RankedTensorType)
+        and isinstance(ir.RankedTensorType(op.results[0].type).element_type, ir.FloatType)))
     with module.context:
         _generic_float_arith(found)
 
@@ -363,18 +357,10 @@ def _split_boolean_producers(module: ir.Module) -> None:
     Elementwise fusion only inlines producers with a single use, so a boolean
     mask used twice would otherwise be materialized as an i1 buffer.
     """
-    producers: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if (
-            op.name == "linalg.generic"
-            and "reduction" not in str(op.attributes["iterator_types"])
-            and any(is_sub_byte(ir.ShapedType(r.type).element_type) for r in op.results)
-        ):
-            producers.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    producers = find_ops(module, lambda op: (
+        op.name == "linalg.generic"
+        and "reduction" not in str(op.attributes["iterator_types"])
+        and any(is_sub_byte(ir.ShapedType(r.type).element_type) for r in op.results)))
     # Consumers first: their clones add uses to the producers they read.
     for op in reversed(producers):
         _clone_per_extra_use(op)
@@ -383,15 +369,7 @@ def _split_boolean_producers(module: ir.Module) -> None:
 def _private_empty_tensors(module: ir.Module) -> None:
     """Give each use of a tensor.empty its own: CSE merges them, and bufferization then makes
     ops that only share an uninitialized destination conflict, resolved with buffer copies."""
-    empties: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "tensor.empty" and not op.operands:
-            empties.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
-    for op in empties:
+    for op in find_ops(module, lambda op: op.name == "tensor.empty" and not op.operands):
         _clone_per_extra_use(op)
 
 
@@ -409,15 +387,7 @@ def _distinct_results(module: ir.Module) -> None:
     buffer-results-to-out-params crashes the process (a segfault) when one buffer is
     returned twice, as for `return y, y` or two results folded into one by CSE.
     """
-    returns: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "func.return":
-            returns.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
-    for ret in returns:
+    for ret in find_ops(module, lambda op: op.name == "func.return"):
         seen: list[ir.Value] = []
         for i, value in enumerate(list(ret.operands)):
             if value in seen and isinstance(value.type, ir.RankedTensorType):

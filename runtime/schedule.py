@@ -35,7 +35,7 @@ from mlir import ir
 from mlir.dialects import arith, linalg, scf, tensor
 
 from . import vecmath
-from .irutil import run_passes
+from .irutil import find_ops, run_passes
 
 MATMUL_TILE = (8, 32)  # 8 rows x 32 columns of f32: 16 AVX-512 accumulators
 VECTOR_WIDTH = 64  # innermost tile of other ops: 4 AVX-512 registers of f32
@@ -149,17 +149,12 @@ def pack_panels(module: ir.Module, parallel: bool = False) -> None:
     whose cost grows with the size of the whole function (compile time then grew with the
     square of a model's depth).
     """
-    found: list[tuple[ir.Operation, tuple[int, ...]]] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        tiling = plan(op) if op.name in _CONTRACTIONS else None
-        if tiling is not None:
-            found.append((op, tiling[0]))
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
     with module.context, ir.Location.unknown():
-        for op, sizes in found:
+        for op in find_ops(module, lambda op: op.name in _CONTRACTIONS):
+            tiling = plan(op)
+            if tiling is None:
+                continue
+            sizes = tiling[0]
             loops = _loop_sizes(op)
             source = _panel_source(op, loops, sizes)
             if source is not None:
@@ -364,17 +359,7 @@ def _broadcast_inputs(op: ir.Operation, m: int, n: int) -> bool:
 
 def split_prologues(module: ir.Module) -> None:
     """`_split_prologue` every generic contraction of `module`."""
-    contractions: list[ir.Operation] = []
-
-    def find(op: ir.Operation) -> ir.WalkResult:
-        if _sum_of_products(op) is not None:
-            contractions.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(find, ir.WalkOrder.PRE_ORDER)
-    with module.context, ir.Location.unknown():
-        for op in contractions:
-            _split_prologue(op)
+    _rewrite_contractions(module, _split_prologue)
 
 
 def _split_prologue(op: ir.Operation) -> None:
@@ -424,18 +409,15 @@ def _split_prologue(op: ir.Operation) -> None:
 
 
 def collapse_reductions(module: ir.Module) -> None:
-    """`_collapse_reductions` every plain generic contraction of `module`."""
-    found: list[ir.Operation] = []
+    """`_collapse_reductions` every generic contraction of `module`."""
+    _rewrite_contractions(module, _collapse_reductions)
 
-    def find(op: ir.Operation) -> ir.WalkResult:
-        if _sum_of_products(op) is not None and len(list(op.regions[0].blocks[0].operations)) == 3:
-            found.append(op)
-        return ir.WalkResult.ADVANCE
 
-    module.operation.walk(find, ir.WalkOrder.PRE_ORDER)
+def _rewrite_contractions(module: ir.Module, rewrite: Callable[[ir.Operation], None]) -> None:
+    """Apply `rewrite` to each generic contraction (`_sum_of_products`) of `module`."""
     with module.context, ir.Location.unknown():
-        for op in found:
-            _collapse_reductions(op)
+        for op in find_ops(module, lambda op: _sum_of_products(op) is not None):
+            rewrite(op)
 
 
 def _collapse_reductions(op: ir.Operation) -> None:
@@ -446,6 +428,8 @@ def _collapse_reductions(op: ir.Operation) -> None:
     The register tile vectorizes a single reduction loop; with two, each tile became
     8 x 32 scalar multiply-adds.
     """
+    if len(list(op.regions[0].blocks[0].operations)) != 3:
+        return  # a prologue computes the factors
     iterators = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
     reductions = [d for d, kind in enumerate(iterators) if "reduction" in kind]
     maps = _map_dims(op)

@@ -26,6 +26,8 @@ from mlir.execution_engine import ExecutionEngine
 from mlir.passmanager import PassManager
 from mlir.runtime import get_ranked_memref_descriptor
 
+from .irutil import find_ops
+
 # math op -> libmvec base name (float variant appends "f")
 FUNCTIONS = {
     "math.exp": "exp", "math.exp2": "exp2", "math.expm1": "expm1", "math.log": "log", "math.log2": "log2",
@@ -100,14 +102,7 @@ def _has_avx512() -> bool:
 def use_vector_library(module: ir.Module) -> None:
     """Replace every math op of `FUNCTIONS` on a 1-D vector of f32 (f64) whose length is a
     multiple of 16 (8) by libmvec calls, one per register-sized slice."""
-    found: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name in FUNCTIONS and _lanes(op.operands[0].type) is not None:
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    found = find_ops(module, lambda op: op.name in FUNCTIONS and _lanes(op.operands[0].type) is not None)
     if not found:
         return
     declared: set[str] = set()

@@ -18,6 +18,7 @@ from torch import nn
 import torchtosa
 from torchtosa import pipeline, schedule, vecmath
 from torchtosa.execute import _prepare
+from torchtosa.irutil import find_ops
 from torchtosa.schedule import MATMUL_TILE, VECTOR_WIDTH, _divisor, plan
 
 
@@ -163,35 +164,19 @@ def test_reduction_loops_read_as_one_run_are_merged(shape: tuple[int, ...]) -> N
     x = torch.randn(*shape)
     module = _linalg(model, x, stop_before="schedule")
 
+    def contractions() -> list[ir.Operation]:
+        return find_ops(module, lambda op: schedule._sum_of_products(op) is not None)
+
     def reductions() -> list[int]:
-        counts: list[int] = []
-
-        def visit(op: ir.Operation) -> ir.WalkResult:
-            if schedule._sum_of_products(op) is not None:
-                counts.append(str(op.attributes["iterator_types"]).count("reduction"))
-            return ir.WalkResult.ADVANCE
-
-        module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
-        return counts
+        return [str(op.attributes["iterator_types"]).count("reduction") for op in contractions()]
 
     assert reductions() == [2]
     schedule.collapse_reductions(module)
     assert reductions() == [1]
-    assert plan(next(op for op in _generics(module) if schedule._sum_of_products(op)))[0][:2] == (8, _divisor(40, 32))
+    (contraction,) = contractions()
+    assert plan(contraction)[0][:2] == (8, _divisor(40, 32))
     with torch.no_grad():
         torch.testing.assert_close(torchtosa.compile(model, x)(x), model(x), rtol=1e-5, atol=1e-5)
-
-
-def _generics(module: ir.Module) -> list[ir.Operation]:
-    found: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "linalg.generic":
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
-    return found
 
 
 def test_linear_weight_is_transposed_panel_by_panel() -> None:
