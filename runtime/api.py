@@ -147,8 +147,8 @@ def compile(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
     """Compile to native code through TOSA. With example inputs, compiles now; else on the first call.
 
     `opt` picks the lowering (see `torchtosa.pipeline.OPT_LEVELS`): "default" tiles and vectorizes
-    (one thread), "parallel" also splits matmuls' column panels across one worker thread per core
-    (MLIR's async runtime), "none" is the plain reference lowering to loops, kept for debugging.
+    (one thread), "parallel" also splits large matmuls' column panels across one OpenMP thread per
+    core (OMP_NUM_THREADS sets how many), "none" is the plain reference lowering to loops, kept for debugging.
     """
     compiled = CompiledFunction(fn, opt)
     if args or kwargs or isinstance(fn, torch.export.ExportedProgram):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import glob
+import importlib.metadata
 import math
 import operator
 import os
@@ -91,7 +92,7 @@ class NativeFunction:
         self._module = _prepare(module, name, self.inputs, self.outputs)
         scratch = lower(self._module, opt)
         if opt == "parallel":
-            _load_async_runtime()
+            _load_openmp_runtime()
         self._engine = _jit(self._module)
         address = self._engine.raw_lookup("_mlir_ciface_" + name)
         if not address:
@@ -253,18 +254,26 @@ def _jit(module: ir.Module) -> ExecutionEngine:
 
 
 @functools.cache
-def _load_async_runtime() -> None:
-    """Load MLIR's async runtime into the process, once, for the JIT to resolve its symbols.
+def _load_openmp_runtime() -> None:
+    """Load the OpenMP runtime (libiomp5, of the `intel-openmp` package) into the process, once,
+    with global symbols, for the JIT to resolve the `__kmpc_*` calls of OpenMP regions.
 
-    Not as an ExecutionEngine shared library: an engine's destructor calls the library's
-    `__mlir_execution_engine_destroy`, which deletes the one global runtime (its thread pool)
-    that every other engine's code still uses.
+    torch's own OpenMP runtime (libgomp) lacks those entry points; the two keep separate thread
+    pools. The worker count follows OMP_NUM_THREADS (default: one per core), and idle workers
+    spin for KMP_BLOCKTIME (default 200 ms) before they sleep.
     """
-    path = os.path.join(os.path.dirname(_runner_utils()), "libmlir_async_runtime.so")
     try:
-        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        files = importlib.metadata.files("intel-openmp") or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    found = [f for f in files if f.name == "libiomp5.so"]
+    if not found:
+        raise CompileError("opt='parallel' needs the OpenMP runtime of the intel-openmp package (libiomp5.so): "
+                           "pip install intel-openmp")
+    try:
+        ctypes.CDLL(str(found[0].locate()), mode=ctypes.RTLD_GLOBAL)
     except OSError as e:
-        raise CompileError(f"opt='parallel' needs MLIR's async runtime: {e}") from e
+        raise CompileError(f"opt='parallel': loading the OpenMP runtime failed: {e}") from e
 
 
 def _runner_utils() -> str:

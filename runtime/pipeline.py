@@ -67,12 +67,11 @@ PIPELINES: dict[str, str] = {
     "buffer-results-to-out-params{hoist-static-allocs=true "
     "modify-public-functions=true},"
     "func.func(buffer-loop-hoisting),buffer-deallocation-pipeline)",
-    # opt="parallel" only: the column-panel loops of matmuls (scf.forall) become tasks of MLIR's
-    # async runtime, one block of panels per worker thread (the runtime has one per core); a
-    # panel is large, hence min-task-size=1 (the default, 1000 iterations, runs it all inline).
-    "async": "builtin.module(func.func(scf-forall-to-parallel),"
-    "async-parallel-for{async-dispatch=false num-workers=-1 min-task-size=1},async-to-async-runtime,"
-    "async-runtime-ref-counting,async-runtime-ref-counting-opt,convert-async-to-llvm)",
+    # opt="parallel" only: the column-panel loops of matmuls (scf.forall) become OpenMP worksharing
+    # loops (statically scheduled: a contiguous block of panels per thread), run by the OpenMP
+    # runtime of the `intel-openmp` package (libiomp5), whose idle workers spin a while before
+    # sleeping: a region starts in microseconds instead of waking a sleeping thread pool.
+    "openmp": "builtin.module(func.func(scf-forall-to-parallel),convert-scf-to-openmp)",
     # Loops, vectors and memrefs -> LLVM dialect. Vector transfers are fully unrolled (a partial
     # unroll leaves stack allocations inside loops). Math ops without an LLVM intrinsic (erf, ...)
     # become libm calls (vector ones one element at a time), before the vector lowering.
@@ -80,13 +79,13 @@ PIPELINES: dict[str, str] = {
     "convert-vector-to-scf{full-unroll=true},convert-linalg-to-loops,expand-strided-metadata,lower-affine,"
     "convert-scf-to-cf,convert-math-to-llvm,convert-math-to-libm,convert-vector-to-llvm,convert-ub-to-llvm,"
     "finalize-memref-to-llvm,convert-arith-to-llvm,convert-func-to-llvm,"
-    "convert-cf-to-llvm,reconcile-unrealized-casts)",
+    "convert-cf-to-llvm,convert-openmp-to-llvm,reconcile-unrealized-casts)",
 }
 
 
 OPT_LEVELS = ("none", "default", "parallel")
 _OPTIMIZING_STAGES = ("unit-dims", "schedule")  # skipped by opt="none"
-_PARALLEL_STAGES = ("async",)  # run by opt="parallel" only
+_PARALLEL_STAGES = ("openmp",)  # run by opt="parallel" only
 
 
 def check_opt(opt: str) -> str:

@@ -13,7 +13,7 @@ exactly as in the reference pipeline (opt="none").
   named contraction's second operand is packed: a loop over column panels first computes each
   panel (transposing nn.Linear's weight, or copying) into one small contiguous buffer, then
   the contraction with it (`pack_panels`). With opt="parallel" that loop is an scf.forall for
-  large contractions.
+  large contractions, run by OpenMP threads.
 - 2-D convolutions (NHWC) get the same register tile over (output column, output channel); each
   tile, one output row and one filter tap, is decomposed into a 1-D convolution and vectorized.
 - Everything else that is vectorizable (elementwise and reduction generics, fill, transpose)
@@ -43,7 +43,7 @@ TRANSPOSE_TILE = 16  # transposes: 16 x 16 tiles
 
 _CONTRACTIONS = {"linalg.batch_matmul": 1, "linalg.matmul": 0}  # op -> number of batch loops
 _CONV = "linalg.conv_2d_nhwc_fhwc"  # loops (n, oh, ow, f, kh, kw, c)
-PARALLEL_MIN_MACS = 1 << 24  # smaller contractions stay on the calling thread: tasks cost more
+PARALLEL_MIN_MACS = 1 << 24  # smaller contractions stay on the calling thread (4M was no faster)
 _PLAIN_MAPS = {
     "linalg.batch_matmul": "[affine_map<(d0, d1, d2, d3) -> (d0, d1, d3)>, affine_map<(d0, d1, d2, d3) -> "
     "(d0, d3, d2)>, affine_map<(d0, d1, d2, d3) -> (d0, d1, d2)>]",
@@ -94,8 +94,8 @@ def schedule(module: ir.Module, parallel: bool = False) -> None:
     """Tile and vectorize the linalg ops of `module` (on tensors) in place.
 
     With `parallel`, the column-panel loops of packed contractions of at least
-    PARALLEL_MIN_MACS multiply-adds are `scf.forall` loops (`pack_panels`), for the async
-    runtime to run in parallel.
+    PARALLEL_MIN_MACS multiply-adds are `scf.forall` loops (`pack_panels`), which the
+    "openmp" stage of the pipeline makes OpenMP worksharing loops.
     """
     split_prologues(module)
     collapse_reductions(module)
@@ -142,7 +142,7 @@ def pack_panels(module: ir.Module, parallel: bool = False) -> None:
     as a loop over column panels: each iteration computes one panel of the second operand (all
     k, one column tile) into a small contiguous buffer, then the contraction of all rows with
     it. With `parallel`, contractions of at least PARALLEL_MIN_MACS multiply-adds loop with one
-    scf.forall, whose iterations (each with its own panel buffer) the async runtime runs in
+    scf.forall, whose iterations (each with its own panel buffer) OpenMP threads run in
     parallel.
 
     The loops are built here rather than by the transform dialect's fuse_into_containing_op,

@@ -5,11 +5,13 @@ an MLP, a torch.nn TransformerEncoderLayer, a conv block, a 1024^3 matmul and a 
 `transformers` BertModel (built from a config: nothing is downloaded).
 
 Backends:
-- torchtosa opt="default" (one thread), opt="parallel" (matmul column panels on MLIR's async
-  runtime, one worker per core: 2 here) and opt="none" (the reference lowering to plain loops). By default the
-  reference is timed only on the workloads marked `reference=True` below: all but the 1024^3
-  matmul, where one reference call takes several seconds (each workload's reference compiled in
-  under 10 s on a 2-core EPYC); `--reference` times it on every workload.
+- torchtosa opt="default" (one thread), opt="parallel" (large matmuls' column panels on OpenMP
+  threads, one per core: 2 here; after each of its batches the bench pauses until its idle
+  workers stop spinning, KMP_BLOCKTIME, so that they take no core from the next backend) and
+  opt="none" (the reference lowering to plain loops). By default the reference is timed only on
+  the workloads marked `reference=True` below: all but the 1024^3 matmul, where one reference
+  call takes several seconds (each workload's reference compiled in under 10 s on a 2-core
+  EPYC); `--reference` times it on every workload.
 - eager PyTorch with 1 and with 2 intra-op threads (torch.set_num_threads around its batches);
 - torch.compile with Inductor, compiled and run with 1 thread (fresh cache dir: a cold compile
   unless --warm);
@@ -84,6 +86,7 @@ from peak import fma_peak_gflops  # noqa: E402
 Inputs = tuple[Any, ...]
 BATCH_S = 0.05  # target duration of one timing batch
 BACKEND_S = 60.0  # a backend slower than BACKEND_S / repeats per call gets fewer batches (at least 3)
+OPENMP_SETTLE_S = 0.25  # libiomp5 workers spin KMP_BLOCKTIME (200 ms by default) once idle
 REFERENCE = "torchtosa none"
 EAGER = "eager 1t"
 
@@ -264,6 +267,7 @@ class Backend:
     threads: int
     make: Callable[[], Callable[..., Any]]  # compiles; the result is called with the inputs
     compiles: bool = True
+    settle_s: float = 0.0  # pause after each of its batches (idle threads of its own that spin)
     fn: Callable[..., Any] | None = None
     compile_s: float | None = None
     peak_rss_mib: float | None = None
@@ -354,6 +358,7 @@ def time_interleaved(backends: list[Backend], inputs: Inputs) -> None:
             for _ in range(number):
                 fn(*inputs)
             backend.samples.append((time.perf_counter() - start) / number)
+            time.sleep(backend.settle_s)
     torch.set_num_threads(1)
 
 
@@ -365,7 +370,8 @@ def backends_for(workload: Workload, model: nn.Module, inputs: Inputs, args: arg
 
     backends = [
         Backend("torchtosa default", 1, lambda: torchtosa.compile(model, *inputs, opt="default")),
-        Backend("torchtosa parallel", 2, lambda: torchtosa.compile(model, *inputs, opt="parallel")),
+        Backend("torchtosa parallel", 2, lambda: torchtosa.compile(model, *inputs, opt="parallel"),
+                settle_s=OPENMP_SETTLE_S),
     ]
     if args.reference or workload.reference:
         backends.append(Backend(REFERENCE, 1, lambda: torchtosa.compile(model, *inputs, opt="none")))

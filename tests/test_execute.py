@@ -332,7 +332,7 @@ def test_i1_buffers_raise_instead_of_aborting() -> None:
     with pytest.raises(CompileError, match="stage 'bufferize'"):
         lower(parse(returned))
     assert list(PIPELINES) == ["tosa-to-linalg", "fuse-before-reshapes", "linalg", "unit-dims", "schedule",
-                               "bufferize", "async", "llvm"]
+                               "bufferize", "openmp", "llvm"]
 
 
 def _rss() -> int:

@@ -7,6 +7,7 @@ these tests pin down what the schedule does and that the optimization levels are
 from __future__ import annotations
 
 import concurrent.futures
+import importlib.metadata
 import random
 from typing import Any
 
@@ -16,7 +17,8 @@ from mlir import ir
 from torch import nn
 
 import torchtosa
-from torchtosa import pipeline, schedule, vecmath
+from torchtosa import execute, pipeline, schedule, vecmath
+from torchtosa.errors import CompileError
 from torchtosa.execute import _prepare
 from torchtosa.irutil import find_ops
 from torchtosa.schedule import MATMUL_TILE, VECTOR_WIDTH, _divisor, plan
@@ -251,14 +253,15 @@ def test_vector_math_calls_libmvec(name: str, dtype: torch.dtype) -> None:
 
 def test_parallel_level_runs_column_panels_as_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
     """opt="parallel": column panels of large matmuls are an scf.forall (each with its own panel
-    buffer), run on the async runtime; results match eager, also when called from several
-    threads. Small matmuls stay on the calling thread."""
+    buffer), an OpenMP worksharing loop once bufferized; results match eager, also when called
+    from several threads. Small matmuls stay on the calling thread."""
     model = nn.Sequential(nn.Linear(48, 96), nn.ReLU(), nn.Linear(96, 64)).eval()
     x = torch.randn(32, 48)
     assert "scf.forall" not in _ops(_linalg(model, x, opt="parallel"))  # 147k multiply-adds: small
     monkeypatch.setattr(schedule, "PARALLEL_MIN_MACS", 0)
     assert "scf.forall" in _ops(_linalg(model, x, opt="parallel"))
     assert "scf.forall" not in _ops(_linalg(model, x, opt="default"))
+    assert {"omp.parallel", "omp.wsloop"} <= set(_ops(_linalg(model, x, opt="parallel", stop_before="llvm")))
     compiled = torchtosa.compile(model, x, opt="parallel")
     inputs = [torch.randn(32, 48) for _ in range(8)]
     with torch.no_grad():
@@ -267,6 +270,22 @@ def test_parallel_level_runs_column_panels_as_tasks(monkeypatch: pytest.MonkeyPa
             got = list(pool.map(compiled, inputs))
     for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
+def test_parallel_level_without_openmp_runtime_is_a_compile_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the intel-openmp package, opt="parallel" says what to install instead of failing to link."""
+
+    def missing(name: str) -> None:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(schedule, "PARALLEL_MIN_MACS", 0)
+    monkeypatch.setattr(importlib.metadata, "files", missing)
+    execute._load_openmp_runtime.cache_clear()
+    try:
+        with pytest.raises(CompileError, match="pip install intel-openmp"):
+            torchtosa.compile(nn.Linear(8, 8), torch.randn(4, 8), opt="parallel")
+    finally:
+        execute._load_openmp_runtime.cache_clear()
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 8, 8, 8), (1, 1, 16, 8, 8), (1, 1, 8, 8, 16), (2, 4, 64, 64, 64)])
