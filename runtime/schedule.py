@@ -52,6 +52,7 @@ _PLAIN_MAPS = {
 }
 _VECTORIZABLE = ("linalg.generic", "linalg.fill", "linalg.transpose", "linalg.copy")
 _TILE_ATTR = "torchtosa.tile"
+Tiling = tuple[tuple[int, ...], tuple[int, ...]]  # tile sizes, order of the tile loops
 # (conv or "", tile sizes, loop order)
 Key = tuple[str, tuple[int, ...], tuple[int, ...]]
 
@@ -101,14 +102,8 @@ def schedule(module: ir.Module, parallel: bool = False) -> None:
     collapse_reductions(module)
     pack_panels(module, parallel)
     groups: dict[Key, list[ir.Operation]] = {}
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        tiling = plan(op)
-        if tiling is not None:
-            groups.setdefault((_CONV if op.name == _CONV else "", *tiling), []).append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    for op, tiling in plans(module):
+        groups.setdefault((_CONV if op.name == _CONV else "", *tiling), []).append(op)
     if not groups:
         return
     with module.context, ir.Location.unknown():
@@ -269,7 +264,21 @@ def _insert(kind: type, tile: ir.Value, dest: ir.Value, offsets: list, shape: li
     return kind(tile, dest, dynamic, [], [], static, shape, [1] * len(shape))
 
 
-def plan(op: ir.Operation) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+def plans(module: ir.Module) -> list[tuple[ir.Operation, Tiling]]:
+    """Each op of `module` that `plan` tiles, in pre-order, with its tiling."""
+    found: list[tuple[ir.Operation, Tiling]] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        tiling = plan(op)
+        if tiling is not None:
+            found.append((op, tiling))
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return found
+
+
+def plan(op: ir.Operation) -> Tiling | None:
     """The tile size of each loop of `op` and the order of the tile loops, or None to leave it alone.
 
     Contractions walk the columns (n) outside the rows (m), so one column panel of the second

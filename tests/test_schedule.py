@@ -44,16 +44,7 @@ def _ops(module: ir.Module) -> list[str]:
 
 
 def _planned(module: ir.Module) -> list[tuple[str, tuple[int, ...]]]:
-    seen: list[tuple[str, tuple[int, ...]]] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        tiling = plan(op)
-        if tiling is not None:
-            seen.append((op.name, tiling[0]))
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
-    return seen
+    return [(op.name, tiling[0]) for op, tiling in schedule.plans(module)]
 
 
 def test_divisor() -> None:
