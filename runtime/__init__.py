@@ -3,15 +3,17 @@
     prog = torchtosa.to_tosa(fn, *example_inputs)     # TOSA MLIR (print(prog), prog.module)
     fast = torchtosa.compile(fn, *example_inputs)     # native code through the pass pipeline
     torch.compile(fn, backend="torchtosa")            # the same as a torch.compile backend
+    torchtosa.explain(fn, *example_inputs)            # which ops run natively, which eagerly and why
 """
 
-from .api import CompiledFunction, compile, to_tosa, torchtosa_backend
+from .api import CompiledFunction, compile, explain, to_tosa, torchtosa_backend
 from .errors import CompileError, InputMismatch, InvalidInput, LoweringError, TorchTosaError, Unsupported
 from .importer import Program
+from .regions import Explanation, FallbackWarning
 
 __all__ = [
-    "CompileError", "CompiledFunction", "InputMismatch", "InvalidInput", "LoweringError", "Program",
-    "TorchTosaError", "Unsupported", "compile", "to_tosa", "torchtosa_backend",
+    "CompileError", "CompiledFunction", "Explanation", "FallbackWarning", "InputMismatch", "InvalidInput",
+    "LoweringError", "Program", "TorchTosaError", "Unsupported", "compile", "explain", "to_tosa", "torchtosa_backend",
 ]
 
 

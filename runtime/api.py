@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -13,11 +15,12 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import has_free_symbols
 
-from .capture import Captured, capture, capture_exported, make_backend
-from .errors import InputMismatch, Unsupported
+from .capture import Captured, capture, capture_exported, make_backend, mha_fastpath_disabled, translated_dynamo_errors
+from .errors import InputMismatch, TorchTosaError, Unsupported
 from .execute import NativeFunction, TensorSpec
 from .importer import Program, import_graph
-from .pipeline import check_opt
+from .options import MIN_REGION_OPS, Options
+from .regions import Explanation, NativeRegion, all_native, split, warn_fallbacks
 
 Signature = tuple[Any, ...]
 
@@ -55,7 +58,8 @@ CACHE = _Cache()
 def to_tosa(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args: Any, **kwargs: Any) -> Program:
     """The TOSA module of a function, module or ExportedProgram for these example inputs.
 
-    `print(prog)` shows the MLIR; `prog.module` is the `mlir.ir.Module`.
+    `print(prog)` shows the MLIR; `prog.module` is the `mlir.ir.Module`. Strict: an op that
+    can't be lowered raises `Unsupported` naming it (no eager fallback in one TOSA module).
     """
     return import_graph(_capture(fn, args, kwargs).gm)
 
@@ -68,42 +72,110 @@ def _capture(fn: Any, args: tuple, kwargs: dict) -> Captured:
     return capture(fn, args, kwargs)
 
 
+def compile_graph(gm: torch.fx.GraphModule, options: Options) -> tuple[Callable[..., Any], Explanation]:
+    """A callable running `gm` natively (with eager regions if `options.fallback == "eager"`),
+    returning its flat outputs, and what runs where."""
+    if options.fallback == "error":
+        program, native = CACHE.get(gm, options.opt)
+        return native, all_native(gm, program)
+    runner, explanation = split(gm, lambda g: CACHE.get(g, options.opt), options.min_region_ops)
+    warn_fallbacks(explanation)
+    return runner, explanation
+
+
+@dataclass
+class _Captured:
+    """One signature compiled from one whole-graph capture."""
+
+    captured: Captured
+    run: Callable[..., Any]
+    explanation: Explanation
+
+
 class CompiledFunction:
-    """Native code for a function or module; recompiles when the input signature changes."""
+    """Native code for a function or module; recompiles when the input signature changes.
 
-    def __init__(self, fn: Callable | torch.nn.Module | torch.export.ExportedProgram, opt: str = "default"):
+    A function TorchDynamo can't capture as one graph (graph breaks, in-place updates of its
+    inputs, `.item()`, data-dependent shapes) runs with `fallback="eager"` as `torch.compile`
+    runs it: each graph compiled, Python between them."""
+
+    def __init__(self, fn: Callable | torch.nn.Module | torch.export.ExportedProgram, opt: str = "default",
+                 fallback: str = "eager", min_region_ops: int = MIN_REGION_OPS):
         self.fn = fn
-        self.opt = check_opt(opt)
+        self.options = Options(opt, fallback, min_region_ops)
         self.lock = threading.Lock()
-        self.compiled: dict[Signature, tuple[Captured, Program, NativeFunction]] = {}
+        self.compiled: dict[Signature, _Captured | None] = {}  # None: runs through self._dynamo
+        self._dynamo: Callable[..., Any] | None = None
+        self._dynamo_explanation = Explanation()
 
-    def prepare(self, *args: Any, **kwargs: Any) -> tuple[Captured, Program, NativeFunction]:
-        """Capture and compile for these inputs (or reuse what was compiled for their signature)."""
+    @property
+    def opt(self) -> str:
+        return self.options.opt
+
+    def prepare(self, *args: Any, **kwargs: Any) -> _Captured | None:
+        """Capture and compile for these inputs (or reuse what was compiled for their signature).
+
+        None when the function has graph breaks: then it compiles graph by graph on its first call."""
         key = self._key(args, kwargs)
         with self.lock:
-            hit = self.compiled.get(key)
-        if hit is None:
-            if not isinstance(self.fn, torch.export.ExportedProgram):
-                _check_call(self.fn, args, kwargs)
+            if key in self.compiled:
+                return self.compiled[key]
+        if not isinstance(self.fn, torch.export.ExportedProgram):
+            _check_call(self.fn, args, kwargs)
+        try:
             captured = _capture(self.fn, args, kwargs)
-            program, native = CACHE.get(captured.gm, self.opt)
-            hit = (captured, program, native)
-            with self.lock:
-                self.compiled[key] = hit
+        except Unsupported as err:
+            if self.options.fallback == "error" or isinstance(self.fn, torch.export.ExportedProgram):
+                raise
+            self._with_graph_breaks(err)
+            hit = None
+        else:
+            hit = _Captured(captured, *compile_graph(captured.gm, self.options))
+        with self.lock:
+            self.compiled[key] = hit
         return hit
+
+    def _with_graph_breaks(self, err: Unsupported) -> None:
+        """Compile through torch.compile with this function's options from now on."""
+        if self._dynamo is not None:
+            return
+        reason = str(err).splitlines()[0]
+        self._dynamo_explanation.notes.append(f"not one graph ({reason}): compiled graph by graph, as torch.compile")
+        warn_fallbacks(self._dynamo_explanation)
+        backend = make_backend(functools.partial(_compile_captured, sink=self._dynamo_explanation.extend))
+        compiled = torch.compile(self.fn, backend=functools.partial(backend, options=vars(self.options).copy()),
+                                 dynamic=False)
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with torch.no_grad(), mha_fastpath_disabled(), translated_dynamo_errors():
+                return compiled(*args, **kwargs)
+
+        self._dynamo = run
+
+    def explain(self) -> Explanation:
+        """What runs where for the most recent compilation: native regions and eager ops with reasons."""
+        if not self.compiled:
+            raise InputMismatch("nothing compiled yet: call the function once")
+        last = next(reversed(self.compiled.values()))
+        return self._dynamo_explanation if last is None else last.explanation
 
     @property
     def program(self) -> Program:
-        """The TOSA program of the most recent compilation."""
-        if not self.compiled:
-            raise InputMismatch("nothing compiled yet: call the function once")
-        return next(reversed(self.compiled.values()))[1]
+        """The TOSA program of the most recent compilation, if it is one native region."""
+        regions = [p for p in self.explain().parts if isinstance(p, NativeRegion)]
+        if len(regions) != 1:
+            raise TorchTosaError(f"the function runs as {len(regions)} native regions; see explain()")
+        return regions[0].program
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        captured, _, native = self.prepare(*args, **kwargs)
-        flat = self._flat_tensors(args, kwargs, captured)
-        outputs = native(*captured.params, *flat)
-        return pytree.tree_unflatten(outputs, captured.out_spec)
+        hit = self.prepare(*args, **kwargs)
+        if hit is None:
+            assert self._dynamo is not None
+            return self._dynamo(*args, **kwargs)
+        flat = self._flat_tensors(args, kwargs, hit.captured)
+        with torch.no_grad():
+            outputs = hit.run(*hit.captured.params, *flat)
+        return pytree.tree_unflatten(list(outputs), hit.captured.out_spec)
 
     def _key(self, args: tuple, kwargs: dict) -> Signature:
         if isinstance(self.fn, torch.export.ExportedProgram):
@@ -143,25 +215,41 @@ def _check_call(fn: Callable | torch.nn.Module, args: tuple, kwargs: dict) -> No
 
 
 def compile(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args: Any,
-            opt: str = "default", **kwargs: Any) -> CompiledFunction:
+            opt: str = "default", fallback: str = "eager", min_region_ops: int = MIN_REGION_OPS,
+            **kwargs: Any) -> CompiledFunction:
     """Compile to native code through TOSA. With example inputs, compiles now; else on the first call.
 
     `opt` picks the lowering (see `torchtosa.pipeline.OPT_LEVELS`): "default" tiles and vectorizes
     (one thread), "parallel" also splits large matmuls' column panels across one OpenMP thread per
     core (OMP_NUM_THREADS sets how many), "none" is the plain reference lowering to loops, kept for debugging.
+    `fallback="eager"` runs ops TOSA can't lower with PyTorch between native regions of at least
+    `min_region_ops` ops (and a function with graph breaks graph by graph); `fallback="error"`
+    raises `Unsupported` instead. `explain()` on the result says what runs where.
     """
-    compiled = CompiledFunction(fn, opt)
+    compiled = CompiledFunction(fn, opt, fallback, min_region_ops)
     if args or kwargs or isinstance(fn, torch.export.ExportedProgram):
         compiled.prepare(*args, **kwargs)
     return compiled
 
 
-def _compile_graph(captured: Captured, opt: str) -> Callable[..., list[torch.Tensor]]:
+def explain(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args: Any, **kwargs: Any) -> Explanation:
+    """What `torchtosa.compile(fn)` runs where for these inputs. A function with graph breaks
+    is called once (with its side effects) so that torch.compile sees its graphs."""
+    compiled = CompiledFunction(fn)
+    if compiled.prepare(*args, **kwargs) is None:
+        compiled(*args, **kwargs)
+    return compiled.explain()
+
+
+def _compile_captured(captured: Captured, options: Options,
+                      sink: Callable[[Explanation], None] | None = None) -> Callable[..., Any]:
     placeholders = [n.meta.get("val") for n in captured.gm.graph.find_nodes(op="placeholder")]
     if any(not isinstance(v, torch.Tensor) or has_free_symbols(v) for v in placeholders):
-        return _Specializing(captured.gm, opt)  # torch.compile made sizes dynamic: compile per concrete shape
-    _, native = CACHE.get(captured.gm, opt)
-    return native
+        return _Specializing(captured.gm, options, sink)  # torch.compile made sizes dynamic
+    run, explanation = compile_graph(captured.gm, options)
+    if sink is not None:
+        sink(explanation)
+    return run
 
 
 class _Specializing:
@@ -171,17 +259,20 @@ class _Specializing:
     `dynamic=True`; the graph's int arguments are the sizes and are not passed to native code.
     """
 
-    def __init__(self, gm: torch.fx.GraphModule, opt: str) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, options: Options,
+                 sink: Callable[[Explanation], None] | None = None) -> None:
         self.gm = gm
-        self.opt = opt
-        self.natives: dict[tuple[Any, ...], NativeFunction] = {}
+        self.options = options
+        self.sink = sink
+        self.natives: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
     def __call__(self, *args: Any) -> list[torch.Tensor]:
         key = tuple((tuple(a.shape), a.dtype, a.device.type) if isinstance(a, torch.Tensor) else a for a in args)
-        native = self.natives.get(key)
-        if native is None:
-            native = self.natives.setdefault(key, CACHE.get(_static_graph(self.gm, args), self.opt)[1])
-        return native(*[a for a in args if isinstance(a, torch.Tensor)])
+        run = self.natives.get(key)
+        if run is None:
+            run = self.natives.setdefault(key, _compile_captured(
+                Captured(_static_graph(self.gm, args), [], [], None, None), self.options, self.sink))
+        return run(*[a for a in args if isinstance(a, torch.Tensor)])
 
 
 def _static_graph(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> torch.fx.GraphModule:
@@ -198,9 +289,10 @@ def _static_graph(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> torch.fx.G
     return static
 
 
-torchtosa_backend = make_backend(_compile_graph)
+torchtosa_backend = make_backend(_compile_captured)
 torchtosa_backend.__doc__ = """The torch.compile backend: `torch.compile(model, backend="torchtosa")`.
 
-Options: `torch.compile(model, backend="torchtosa", options={"opt": "parallel"})` picks the lowering
-("default", "parallel" or "none"; see `torchtosa.compile`).
+Options: `torch.compile(model, backend="torchtosa", options={"opt": "parallel", "fallback": "error"})`
+picks the lowering ("default", "parallel" or "none") and what happens to ops TOSA can't lower
+("eager", the default, or "error"); also "min_region_ops". See `torchtosa.compile`.
 """

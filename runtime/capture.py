@@ -31,7 +31,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx.experimental.symbolic_shapes import has_free_symbols
 
 from .errors import InvalidInput, TorchTosaError, Unsupported
-from .pipeline import check_opt
+from .options import Options
 
 __all__ = ["Captured", "capture", "capture_exported", "make_backend"]
 
@@ -104,7 +104,7 @@ def capture(
     inputs = [x for x in leaves if isinstance(x, torch.Tensor)]
     rec = _Recorder()
     compiled = torch.compile(_trampoline, backend=rec.backend, fullgraph=True, dynamic=False)
-    with torch.no_grad(), _mha_fastpath_disabled(), _translated_dynamo_errors():
+    with torch.no_grad(), mha_fastpath_disabled(), translated_dynamo_errors():
         try:
             result = compiled(fn, *args, **kwargs)
         finally:
@@ -143,7 +143,7 @@ def capture_exported(ep: torch.export.ExportedProgram) -> Captured:
     return Captured(gm, params, inputs, ep.call_spec.in_spec, out_spec)
 
 
-def make_backend(compile_graph: Callable[[Captured, str], Callable[..., Any]]) -> Callable[..., Any]:
+def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]]) -> Callable[..., Any]:
     """A `torch.compile` backend that hands each AOTAutograd forward graph to `compile_graph`.
 
     Every placeholder is a runtime argument (`params == []`). `compile_graph`
@@ -154,8 +154,9 @@ def make_backend(compile_graph: Callable[[Captured, str], Callable[..., Any]]) -
     activations saved for backward) and the backward graph runs eagerly.
     """
 
-    def fw_compiler(gm: fx.GraphModule, _fake_args: Sequence[Any], opt: str) -> Callable[..., Any]:
-        _check_graph(gm, static=False)
+    def fw_compiler(gm: fx.GraphModule, _fake_args: Sequence[Any], opt: Options) -> Callable[..., Any]:
+        if opt.fallback == "error":
+            _check_graph(gm, static=False)
         _simplify(gm)
         compiled: Callable[..., Any] | None = None
 
@@ -172,10 +173,7 @@ def make_backend(compile_graph: Callable[[Captured, str], Callable[..., Any]]) -
 
     def backend(gm: fx.GraphModule, example_inputs: list[Any],
                 options: dict[str, Any] | None = None) -> Callable[..., Any]:
-        options = dict(options or {})
-        opt = check_opt(options.pop("opt", "default"))
-        if options:
-            raise TypeError(f"unknown torchtosa backend options {sorted(options)}; known: ['opt']")
+        opt = Options.of(options)
         return aot_module_simplified(
             gm,
             example_inputs,
@@ -437,7 +435,7 @@ def _where(node: fx.Node) -> str:
 
 
 @contextlib.contextmanager
-def _mha_fastpath_disabled() -> Iterator[None]:
+def mha_fastpath_disabled() -> Iterator[None]:
     """Keep nn.MultiheadAttention/TransformerEncoderLayer off their fused inference kernels."""
     enabled = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
@@ -448,7 +446,7 @@ def _mha_fastpath_disabled() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _translated_dynamo_errors() -> Iterator[None]:
+def translated_dynamo_errors() -> Iterator[None]:
     """Re-raise Dynamo's and AOTAutograd's exceptions as torchtosa errors."""
     try:
         yield

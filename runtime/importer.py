@@ -17,6 +17,7 @@ from mlir.passmanager import PassManager
 from .errors import InvalidInput, LoweringError, TorchTosaError, Unsupported
 from .execute import TensorSpec
 from .registry import registry
+from .support import schema_arguments, used_results
 from .tosa import Builder, Tensor, tensor_type
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n\s*(?P<code>.*)')
@@ -83,16 +84,6 @@ def _nonempty(val: Any, node: torch.fx.Node) -> None:
         if isinstance(v, torch.Tensor) and 0 in v.shape:
             raise Unsupported(f"{node.name} is an empty tensor of shape {list(v.shape)} ({where(node)}); "
                               "TOSA has no zero-size tensors")
-
-
-def _used_results(node: torch.fx.Node) -> list[Any]:
-    """The meta values of the results of `node` that a later node reads (an unused empty
-    output, like eval batch norm's saved statistics, is fine)."""
-    val = node.meta.get("val")
-    if not isinstance(val, (list, tuple)):
-        return [val] if node.users else []
-    used = {u.args[1] for u in node.users if u.target is operator.getitem and u.users}
-    return [v for i, v in enumerate(val) if i in used]
 
 
 def _flat(x: Any) -> Iterator[Any]:
@@ -172,7 +163,11 @@ class Importer:
                     raise Unsupported(f"graph output {bad[0]} is not a tensor")
                 return [self.env[o] for o in outs]
             with _location(node):
-                self.env[node] = self.node(node)
+                try:
+                    self.env[node] = self.node(node)
+                except TorchTosaError as err:
+                    err.node = node.name  # which node failed: the partitioner then leaves it to eager
+                    raise
         raise LoweringError("the graph has no output node")
 
     def node(self, node: torch.fx.Node) -> Any:
@@ -192,7 +187,7 @@ class Importer:
 
     def call(self, node: torch.fx.Node) -> Any:
         op = str(node.target)
-        _nonempty(_used_results(node), node)
+        _nonempty(used_results(node), node)
         entries = registry().get(op)
         if not entries:
             raise Unsupported(f"{op} ({where(node)}) — no mapping in the tosa registry or any fallback")
@@ -218,18 +213,11 @@ class Importer:
 
     def arguments(self, node: torch.fx.Node) -> list[Any]:
         """The node's arguments in schema order, defaults filled, nodes replaced by values."""
-        out = []
-        for i, arg in enumerate(node.target._schema.arguments):
-            if i < len(node.args) and not arg.kwarg_only:
-                value = node.args[i]
-            elif arg.name in node.kwargs:
-                value = node.kwargs[arg.name]
-            elif arg.has_default_value():
-                value = arg.default_value
-            else:
-                raise LoweringError(f"{node.target} ({where(node)}) misses argument {arg.name}")
-            out.append(Builder(str(node.target)).argument(self.value(value, node), arg))
-        return out
+        try:
+            bound = list(schema_arguments(node))
+        except KeyError as missing:
+            raise LoweringError(f"{node.target} ({where(node)}) misses argument {missing}") from None
+        return [Builder(str(node.target)).argument(self.value(value, node), arg) for value, arg in bound]
 
     def value(self, value: Any, node: torch.fx.Node) -> Any:
         if isinstance(value, torch.fx.Node):

@@ -39,6 +39,16 @@ def element_type(dtype: torch.dtype, i1: bool = False) -> ir.Type:
     return ir.Type.parse(_ELEMENT[dtype])
 
 
+def element_dtypes() -> frozenset[torch.dtype]:
+    """The torch dtypes that have a TOSA element type."""
+    return frozenset(_ELEMENT)
+
+
+def wrapped_dtype(value: bool | int | float) -> torch.dtype:
+    """The dtype torch gives a Python number passed where aten takes a Tensor."""
+    return torch.bool if isinstance(value, bool) else torch.int64 if isinstance(value, int) else torch.float64
+
+
 def tensor_type(shape: Sequence[int], dtype: torch.dtype, i1: bool = False) -> ir.RankedTensorType:
     return ir.RankedTensorType.get(list(shape), element_type(dtype, i1))
 
@@ -205,8 +215,7 @@ class Builder:
     def wrap_number(self, value: bool | int | float) -> Tensor:
         """A Python number passed where aten takes a Tensor, as torch wraps it: a rank-0
         f64, i64 or bool constant that type promotion treats as a scalar."""
-        dtype = torch.bool if isinstance(value, bool) else torch.int64 if isinstance(value, int) else torch.float64
-        t = self.constant(value, dtype)
+        t = self.constant(value, wrapped_dtype(value))
         return Tensor(t.value, t.shape, t.dtype, wrapped=True)
 
     def argument(self, value: Any, schema_arg: Any) -> Any:

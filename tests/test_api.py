@@ -98,7 +98,7 @@ class Affine(torch.nn.Module):
 def test_module_parameters_are_passed_without_copies() -> None:
     model, x = Affine(), torch.randn(3, 4)
     c = torchtosa.compile(model, x)
-    captured, _, _ = c.prepare(x)
+    captured = c.prepare(x).captured
     assert [p.data_ptr() for p in captured.params] == [model.weight.data_ptr(), model.shift.data_ptr()]
     torch.testing.assert_close(c(x), model(x).detach())
     with torch.no_grad():
@@ -145,21 +145,42 @@ def uses_bessel(x: torch.Tensor) -> torch.Tensor:
     return torch.special.bessel_j0(x) + 1
 
 
+STRICT = {"fallback": "error"}
+
+
 def test_unsupported_op_names_overload_and_user_line() -> None:
+    """to_tosa and fallback="error" are strict: the error names the overload and the user's line."""
     x = torch.randn(4)
     where = f"{__file__}:{line_of(uses_bessel, 'bessel_j0')}"
-    for attempt in (lambda: torchtosa.to_tosa(uses_bessel, x), lambda: torchtosa.compile(uses_bessel, x),
-                    lambda: torch.compile(uses_bessel, backend="torchtosa")(x)):
+    for attempt in (lambda: torchtosa.to_tosa(uses_bessel, x), lambda: torchtosa.compile(uses_bessel, x, **STRICT),
+                    lambda: torch.compile(uses_bessel, backend="torchtosa", options=STRICT)(x)):
         with pytest.raises(Unsupported) as err:
             attempt()
         assert "aten.special_bessel_j0.default" in str(err.value)
         assert where in str(err.value)
 
 
+def test_unsupported_op_falls_back_to_eager_and_says_where() -> None:
+    """By default an op without a lowering runs eagerly: same result, one warning, explain() says why."""
+    x = torch.randn(4)
+    where = f"{__file__}:{line_of(uses_bessel, 'bessel_j0')}"
+    with pytest.warns(torchtosa.FallbackWarning, match=r"1 of 2 ops run eagerly: aten.special_bessel_j0"):
+        c = torchtosa.compile(uses_bessel, x, min_region_ops=1)
+    torch.testing.assert_close(c(x), uses_bessel(x))
+    text = str(c.explain())
+    assert f"eager  aten.special_bessel_j0.default: no mapping in any registry — at {where}" in text
+    assert "native region 0: 1 ops (aten.add.Tensor x1)" in text
+    with pytest.warns(torchtosa.FallbackWarning, match="aten.special_bessel_j0"):
+        torch.testing.assert_close(torch.compile(uses_bessel, backend="torchtosa")(x), uses_bessel(x))
+
+
 def test_unsupported_in_a_dynamic_graph_names_user_line() -> None:
-    compiled = torch.compile(uses_bessel, backend="torchtosa", dynamic=True)
+    compiled = torch.compile(uses_bessel, backend="torchtosa", dynamic=True, options=STRICT)
     with pytest.raises(Unsupported, match=rf"aten.special_bessel_j0.default.*{line_of(uses_bessel, 'bessel_j0')}"):
         compiled(torch.randn(6))
+    with pytest.warns(torchtosa.FallbackWarning, match="aten.special_bessel_j0"):
+        x = torch.randn(7)
+        torch.testing.assert_close(torch.compile(uses_bessel, backend="torchtosa", dynamic=True)(x), uses_bessel(x))
 
 
 def test_wrong_arguments_raise_input_mismatch(compiled_foo: torchtosa.CompiledFunction,
@@ -172,7 +193,7 @@ def test_wrong_arguments_raise_input_mismatch(compiled_foo: torchtosa.CompiledFu
     with pytest.raises(InputMismatch, match="meta"):
         compiled_foo(x.to("meta"), y.to("meta"))
     # the native code of one signature checks count, shape, dtype and device before running
-    _, _, native = compiled_foo.prepare(x, y)
+    native = compiled_foo.prepare(x, y).run
     for args in [(x,), (x, y, y), (torch.randn(11), y), (x.double(), y), (x.to("meta"), y), (x, 1.0),
                  (x.to_sparse(), y)]:
         with pytest.raises(InputMismatch):
@@ -196,10 +217,13 @@ def test_noncontiguous_inputs(compiled_foo: torchtosa.CompiledFunction) -> None:
         torch.testing.assert_close(compiled_foo(y, x), foo(y, x))
 
 
-def test_zero_size_inputs_are_a_clear_error() -> None:
+def test_zero_size_inputs_are_a_clear_error_in_strict_mode_and_run_eagerly_otherwise() -> None:
     z = torch.randn(0, 4)
     with pytest.raises(Unsupported, match="zero-size"):
-        torchtosa.compile(foo, z, z)
+        torchtosa.compile(foo, z, z, **STRICT)
+    with pytest.warns(torchtosa.FallbackWarning, match="zero-size"):
+        c = torchtosa.compile(foo, z, z)
+    assert c(z, z).shape == (0, 4)
 
 
 def test_data_dependent_shapes() -> None:
@@ -213,7 +237,8 @@ def test_data_dependent_shapes() -> None:
 
     for fn in (masked, nonzero):
         with pytest.raises(Unsupported, match="data-dependent"):
-            torchtosa.compile(fn, x, mask)
+            torchtosa.compile(fn, x, mask, **STRICT)
+        torch.testing.assert_close(torchtosa.compile(fn, x, mask)(x, mask), fn(x, mask))
         # torch.compile breaks the graph there and runs the rest natively: same answer as eager
         torch.testing.assert_close(torch.compile(fn, backend="torchtosa")(x, mask), fn(x, mask))
 
@@ -227,8 +252,12 @@ def test_in_place_updates_of_inputs() -> None:
 
     before = x.clone()
     with pytest.raises(Unsupported, match="in place"):
-        torchtosa.compile(bump, x)
+        torchtosa.compile(bump, x, **STRICT)
     assert torch.equal(x, before)  # a failed compile leaves the input alone
+    c = torchtosa.compile(bump, x)
+    assert torch.equal(x, before)  # so does compiling: the update happens when it is called
+    torch.testing.assert_close(c(x), bump(before.clone()))
+    torch.testing.assert_close(x, before + 1)  # written into the caller's tensor, as eager does
 
     eager, compiled = x.clone(), x.clone()
     want = bump(eager)
@@ -243,10 +272,12 @@ def test_in_place_updates_of_inputs() -> None:
     torch.testing.assert_close(torchtosa.compile(local, x)(x), local(x))
 
 
-def test_complex_input_is_a_clear_error() -> None:
+def test_complex_values_are_a_clear_error_in_strict_mode_and_run_eagerly_otherwise() -> None:
     c = torch.randn(3, dtype=torch.complex64)
     with pytest.raises(Unsupported, match="complex64"):
-        torchtosa.compile(foo, c, c)
+        torchtosa.compile(foo, c, c, **STRICT)
+    with pytest.warns(torchtosa.FallbackWarning, match="complex64"):
+        torch.testing.assert_close(torchtosa.compile(foo, c, c)(c, c), foo(c, c))
 
 
 # ------------------------------------------------------------ caching, recompiles, threads, memory
@@ -258,7 +289,7 @@ def test_same_function_reuses_native_code(xy: tuple[torch.Tensor, torch.Tensor])
     assert len(CACHE.entries) == 1
     second = torchtosa.compile(foo, *xy)
     assert len(CACHE.entries) == 1
-    assert first.prepare(*xy)[2] is second.prepare(*xy)[2]
+    assert first.prepare(*xy).run is second.prepare(*xy).run
 
 
 def test_new_shape_recompiles_and_old_shape_still_works() -> None:

@@ -1,0 +1,225 @@
+"""Run a graph natively where the registries can lower it and with PyTorch where they can't.
+
+`split(gm, compile_region, min_ops)` asks `support.unsupported_reason` about every node,
+lets torch's `CapabilityBasedPartitioner` group the supported ones into maximal regions
+without cycles (multi-output ops stay with their `getitem`s), compiles each region of at
+least `min_ops` aten ops to native code and leaves the rest of the graph as it is: the
+outer GraphModule calls the native regions and the eager ops in order, passing tensors
+without copies. A node the importer rejects although its rules accepted it is moved to
+eager and the graph is split again, so a mismatch costs speed, never a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+import os
+import sys
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from .errors import TorchTosaError
+from .importer import Program, where
+from .support import unsupported_reason
+
+CompileRegion = Callable[[fx.GraphModule], tuple[Program, Callable[..., list[torch.Tensor]]]]
+
+
+class FallbackWarning(UserWarning):
+    """Some ops of a compiled graph run eagerly: `explain()` lists them and why."""
+
+
+@dataclass
+class EagerOp:
+    """An aten op that runs with PyTorch, why, and where the user wrote it."""
+
+    op: str
+    reason: str
+    where: str
+
+
+@dataclass
+class NativeRegion:
+    """Consecutive ops compiled together: their aten ops and the TOSA program."""
+
+    name: str
+    ops: Counter
+    program: Program
+
+
+@dataclass
+class Explanation:
+    """What ran where, in graph order: native regions and eager ops."""
+
+    parts: list[NativeRegion | EagerOp] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # whole-graph facts (graph breaks)
+
+    @property
+    def eager(self) -> list[EagerOp]:
+        return [p for p in self.parts if isinstance(p, EagerOp)]
+
+    @property
+    def native_ops(self) -> int:
+        return sum(sum(p.ops.values()) for p in self.parts if isinstance(p, NativeRegion))
+
+    def __str__(self) -> str:
+        lines = list(self.notes)
+        for part in self.parts:
+            if isinstance(part, NativeRegion):
+                ops = ", ".join(f"{op} x{n}" for op, n in sorted(part.ops.items()))
+                lines.append(f"native {part.name}: {sum(part.ops.values())} ops ({ops})")
+            else:
+                lines.append(f"eager  {part.op}: {part.reason} — at {part.where}")
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        """One line: how many ops fell back and why."""
+        total = self.native_ops + len(self.eager)
+        why = Counter(f"{e.op} ({e.reason})" for e in self.eager)
+        listed = "; ".join(f"{w} x{n}" if n > 1 else w for w, n in why.most_common(4))
+        more = f"; and {len(why) - 4} more" if len(why) > 4 else ""
+        return f"torchtosa: {len(self.eager)} of {total} ops run eagerly: {listed}{more} (see explain())"
+
+    def extend(self, other: Explanation) -> None:
+        self.parts += other.parts
+        self.notes += other.notes
+
+
+def split(gm: fx.GraphModule, compile_region: CompileRegion,
+          min_ops: int) -> tuple[Callable[..., Any], Explanation]:
+    """A callable running `gm` (its flat outputs as a sequence) with its supported regions
+    as native code, and what runs where."""
+    forced: dict[str, str] = {}  # node -> reason, for nodes the importer rejected
+    while True:
+        reasons = {n.name: forced.get(n.name) or unsupported_reason(n) for n in gm.graph.nodes
+                   if n.op == "call_function" and n.target is not operator.getitem}
+        try:
+            return _attempt(gm, reasons, compile_region, min_ops)
+        except TorchTosaError as err:
+            node = getattr(err, "node", None)
+            if node is None or node in forced:
+                raise
+            forced[node] = str(err).rsplit(" — ", 1)[-1]
+
+
+def _attempt(gm: fx.GraphModule, reasons: dict[str, str | None], compile_region: CompileRegion,
+             min_ops: int) -> tuple[Callable[..., Any], Explanation]:
+    if not any(reasons.values()):  # all native: one function, no outer graph
+        program, native = compile_region(gm)
+        return native, all_native(gm, program)
+    outer = _copy(gm)
+    partitioner = CapabilityBasedPartitioner(outer, _Support(reasons), allows_single_node_partition=True)
+    partitions = partitioner.propose_partitions()
+    for p in partitions:
+        if _size(p) < min_ops:
+            for node in p.nodes:
+                if node.target is not operator.getitem:
+                    reasons[node.name] = f"in a native region of {_size(p)} op(s), under min_region_ops={min_ops}"
+    big = [p for p in partitions if _size(p) >= min_ops]
+    if not big:
+        return gm, _explain(gm, reasons, {})
+    fused = partitioner.fuse_partitions(big)
+    return fused, _explain(gm, reasons, _compile_regions(fused, compile_region))
+
+
+class _Support(OperatorSupportBase):
+    def __init__(self, reasons: dict[str, str | None]) -> None:
+        self.reasons = reasons
+
+    def is_node_supported(self, _submodules: Any, node: fx.Node) -> bool:
+        if node.op != "call_function":
+            return False
+        if node.target is operator.getitem:
+            return self.reasons.get(node.args[0].name) is None
+        return self.reasons.get(node.name) is None
+
+
+def _size(p: Partition) -> int:
+    return sum(1 for n in p.nodes if n.target is not operator.getitem)
+
+
+def _copy(gm: fx.GraphModule) -> fx.GraphModule:
+    graph = fx.Graph()
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    return fx.GraphModule(gm, graph)
+
+
+class _NativeCall(torch.nn.Module):
+    """A fused submodule's replacement: its native code, returning what the submodule returned."""
+
+    def __init__(self, native: Callable[..., list[torch.Tensor]], single: bool) -> None:
+        super().__init__()
+        self.native, self.single = native, single
+
+    def forward(self, *args: torch.Tensor) -> Any:
+        outs = self.native(*args)
+        return outs[0] if self.single else tuple(outs)
+
+
+def _compile_regions(fused: fx.GraphModule, compile_region: CompileRegion) -> dict[str, tuple[str, Program]]:
+    """Compile every fused submodule; node name -> (region name, program)."""
+    regions: dict[str, tuple[str, Program]] = {}
+    for node in fused.graph.find_nodes(op="call_module"):
+        sub = getattr(fused, node.target)
+        program, native = compile_region(sub)
+        single = not isinstance(sub.graph.output_node().args[0], (tuple, list))
+        setattr(fused, node.target, _NativeCall(native, single))
+        for inner in sub.graph.nodes:
+            if inner.op == "call_function":
+                regions[inner.name] = (node.target, program)
+    return regions
+
+
+def _explain(gm: fx.GraphModule, reasons: dict[str, str | None],
+             regions: dict[str, tuple[str, Program]]) -> Explanation:
+    explanation = Explanation()
+    by_region: dict[str, NativeRegion] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        op = str(node.target)
+        if node.name in regions:
+            name, program = regions[node.name]
+            if name not in by_region:
+                by_region[name] = NativeRegion(f"region {len(by_region)}", Counter(), program)
+                explanation.parts.append(by_region[name])
+            by_region[name].ops[op] += 1
+        else:
+            explanation.parts.append(EagerOp(op, reasons.get(node.name) or "not lowered", where(node)))
+    return explanation
+
+
+def all_native(gm: fx.GraphModule, program: Program) -> Explanation:
+    """The explanation of a graph compiled whole."""
+    nodes = [n.name for n in gm.graph.nodes if n.op == "call_function"]
+    return _explain(gm, {}, dict.fromkeys(nodes, ("forward", program)))
+
+
+def warn_fallbacks(explanation: Explanation) -> None:
+    """One warning per compile that ran any op eagerly."""
+    if explanation.eager or explanation.notes:
+        message = explanation.summary() if explanation.eager else explanation.notes[0]
+        frame = sys._getframe(1)
+        while frame.f_back is not None and _internal(frame.f_code.co_filename):
+            frame = frame.f_back
+        warnings.warn_explicit(message, FallbackWarning, frame.f_code.co_filename, frame.f_lineno,
+                               module=frame.f_globals.get("__name__"), registry=frame.f_globals.setdefault(
+                                   "__warningregistry__", {}))
+
+
+# Frames a warning skips, to point at the user's line: torch, torchtosa, the standard
+# library and generated code (no file).
+_INTERNAL = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules[__package__], contextlib))
+
+
+def _internal(filename: str) -> bool:
+    return filename.startswith(_INTERNAL) or not os.path.isfile(filename)
