@@ -180,6 +180,9 @@ def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]
             fw_compiler=functools.partial(fw_compiler, opt=opt),
             bw_compiler=_run_eagerly,
             decompositions={**core_aten_decompositions(), **_FUSED_DECOMPOSITIONS},
+            # updates of inputs stay in the graph as copy_ nodes, to be written in place
+            # by the eager fallback (state.py) rather than copied whole by AOTAutograd
+            keep_inference_input_mutations=opt.fallback == "eager",
         )
 
     return backend

@@ -5,7 +5,7 @@ lets torch's `CapabilityBasedPartitioner` group the supported ones into maximal 
 without cycles (multi-output ops stay with their `getitem`s), compiles each region of at
 least `min_ops` aten ops to native code and leaves the rest of the graph as it is: the
 outer GraphModule calls the native regions and the eager ops in order, passing tensors
-without copies. A node the importer rejects although its rules accepted it is moved to
+without copies; an update of an input is written in place (`state.py`). A node the importer rejects although its rules accepted it is moved to
 eager and the graph is split again, so a mismatch costs speed, never a failure.
 """
 
@@ -28,6 +28,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from .errors import TorchTosaError
 from .importer import Program, where
+from .state import in_place_writes, update_in_place
 from .support import unsupported_reason
 
 CompileRegion = Callable[[fx.GraphModule], tuple[Program, Callable[..., list[torch.Tensor]]]]
@@ -101,6 +102,8 @@ def split(gm: fx.GraphModule, compile_region: CompileRegion,
     while True:
         reasons = {n.name: forced.get(n.name) or unsupported_reason(n) for n in gm.graph.nodes
                    if n.op == "call_function" and n.target is not operator.getitem}
+        for src, copy in in_place_writes(gm).items():
+            reasons[src.name] = f"writes into input {copy.args[0].name} in place"
         try:
             return _attempt(gm, reasons, compile_region, min_ops)
         except TorchTosaError as err:
@@ -124,10 +127,11 @@ def _attempt(gm: fx.GraphModule, reasons: dict[str, str | None], compile_region:
                 if node.target is not operator.getitem:
                     reasons[node.name] = f"in a native region of {_size(p)} op(s), under min_region_ops={min_ops}"
     big = [p for p in partitions if _size(p) >= min_ops]
-    if not big:
-        return gm, _explain(gm, reasons, {})
-    fused = partitioner.fuse_partitions(big)
-    return fused, _explain(gm, reasons, _compile_regions(fused, compile_region))
+    fused = partitioner.fuse_partitions(big) if big else outer
+    regions = _compile_regions(fused, compile_region)
+    for gone in update_in_place(fused):
+        reasons.pop(gone)
+    return fused, _explain(gm, reasons, regions)
 
 
 class _Support(OperatorSupportBase):
@@ -184,7 +188,7 @@ def _explain(gm: fx.GraphModule, reasons: dict[str, str | None],
     explanation = Explanation()
     by_region: dict[str, NativeRegion] = {}
     for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target is operator.getitem:
+        if node.op != "call_function" or node.target is operator.getitem or node.name not in reasons:
             continue
         op = str(node.target)
         if node.name in regions:
@@ -201,7 +205,7 @@ def _explain(gm: fx.GraphModule, reasons: dict[str, str | None],
 def all_native(gm: fx.GraphModule, program: Program) -> Explanation:
     """The explanation of a graph compiled whole."""
     nodes = [n.name for n in gm.graph.nodes if n.op == "call_function"]
-    return _explain(gm, {}, dict.fromkeys(nodes, ("forward", program)))
+    return _explain(gm, dict.fromkeys(nodes), dict.fromkeys(nodes, ("forward", program)))
 
 
 def warn_fallbacks(explanation: Explanation) -> None:
