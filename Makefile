@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 GEN    := runtime/_generated/registry.py
 SPECS  := $(wildcard opdefs/*.yaml) $(wildcard generator/*.py generator/*.lark generator/templates/*.j2) runtime/rules.py
 
-.PHONY: all setup gen demo test lint bench coverage fuzz clean
+.PHONY: all setup gen demo test lint bench coverage corpus fuzz clean
 
 all: test
 
@@ -44,6 +44,9 @@ bench: $(GEN)
 
 coverage: $(GEN)
 	$(PY) scripts/coverage.py
+
+corpus: $(GEN)
+	$(PY) scripts/corpus.py
 
 fuzz: $(GEN)
 	TORCHTOSA_FUZZ_EXAMPLES=2000 $(PY) -m pytest -q -n auto -p no:cacheprovider tests/test_fuzz.py tests/test_properties.py

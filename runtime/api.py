@@ -180,15 +180,20 @@ class CompiledFunction:
     def _key(self, args: tuple, kwargs: dict) -> Signature:
         if isinstance(self.fn, torch.export.ExportedProgram):
             return ()  # one graph, its inputs' signature fixed at export time
-        leaves, spec = pytree.tree_flatten((args, kwargs))
         # The same tensor passed twice is traced as one input: which leaf each tensor first
         # appeared as is part of the signature, so f(a, b) never reuses the graph of f(a, a).
         first: dict[int, int] = {}
+        if not kwargs and all(isinstance(x, torch.Tensor) for x in args):  # the common case, without pytree
+            return ("tensors", tuple((x.shape, x.dtype, x.device.type, first.setdefault(id(x), i))
+                                     for i, x in enumerate(args)))
+        leaves, spec = pytree.tree_flatten((args, kwargs))
         sig = tuple((tuple(x.shape), x.dtype, x.device.type, first.setdefault(id(x), i))
                     if isinstance(x, torch.Tensor) else (type(x), x) for i, x in enumerate(leaves))
         return (spec, sig)
 
-    def _flat_tensors(self, args: tuple, kwargs: dict, captured: Captured) -> list[torch.Tensor]:
+    def _flat_tensors(self, args: tuple, kwargs: dict, captured: Captured) -> list[torch.Tensor] | tuple:
+        if not kwargs and all(isinstance(x, torch.Tensor) for x in args):
+            return args  # prepare() keyed these by count, so the spec is the compiled one
         leaves, spec = pytree.tree_flatten((args, kwargs))
         if spec != captured.in_spec:
             raise InputMismatch(f"arguments are structured as {spec}, compiled for {captured.in_spec}")

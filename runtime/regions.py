@@ -5,8 +5,9 @@ lets torch's `CapabilityBasedPartitioner` group the supported ones into maximal 
 without cycles (multi-output ops stay with their `getitem`s), compiles each region of at
 least `min_ops` aten ops to native code and leaves the rest of the graph as it is: the
 outer GraphModule calls the native regions and the eager ops in order, passing tensors
-without copies; an update of an input is written in place (`state.py`). A node the importer rejects although its rules accepted it is moved to
-eager and the graph is split again, so a mismatch costs speed, never a failure.
+without copies; an update of an input is written in place (`state.py`). A node the
+importer rejects although its rules accepted it is moved to eager and the graph is split
+again, so such a mismatch costs speed, never a failure.
 """
 
 from __future__ import annotations

@@ -369,12 +369,12 @@ def backends_for(workload: Workload, model: nn.Module, inputs: Inputs, args: arg
         return torch.compile(model)
 
     backends = [
-        Backend("torchtosa default", 1, lambda: torchtosa.compile(model, *inputs, opt="default")),
-        Backend("torchtosa parallel", 2, lambda: torchtosa.compile(model, *inputs, opt="parallel"),
+        Backend("torchtosa default", 1, lambda: torchtosa.compile(model, *inputs, opt="default", fallback="error")),
+        Backend("torchtosa parallel", 2, lambda: torchtosa.compile(model, *inputs, opt="parallel", fallback="error"),
                 settle_s=OPENMP_SETTLE_S),
     ]
     if args.reference or workload.reference:
-        backends.append(Backend(REFERENCE, 1, lambda: torchtosa.compile(model, *inputs, opt="none")))
+        backends.append(Backend(REFERENCE, 1, lambda: torchtosa.compile(model, *inputs, opt="none", fallback="error")))
     backends += [
         Backend(EAGER, 1, lambda: model, compiles=False),
         Backend("eager 2t", 2, lambda: model, compiles=False),

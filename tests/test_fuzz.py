@@ -639,7 +639,7 @@ def run_program(p: Program) -> Outcome:
     if not p.outputs:
         return Outcome("invalid", "no outputs")
     try:
-        got = torchtosa.compile(fn, *inputs)(*inputs)
+        got = torchtosa.compile(fn, *inputs, fallback="error")(*inputs)
     except Unsupported as err:
         # includes "no mapping": decompositions differ by dtype (bf16 silu adds _to_copy)
         return Outcome("unsupported", str(err).splitlines()[0][:300])

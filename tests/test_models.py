@@ -256,7 +256,7 @@ def check_native(name: str) -> torchtosa.CompiledFunction:
     with torch.no_grad():
         expected = model(*inputs)
         try:
-            native = torchtosa.compile(model, *inputs)
+            native = torchtosa.compile(model, *inputs, fallback="error")  # all native, or fail
         except torchtosa.Unsupported as err:
             _note_missing(err, model, inputs)
             raise
@@ -283,7 +283,7 @@ def check_torch_compile(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     try:
         with torch.no_grad():
             expected = model(*inputs)
-            compiled = torch.compile(model, backend="torchtosa", fullgraph=True)
+            compiled = torch.compile(model, backend="torchtosa", fullgraph=True, options={"fallback": "error"})
             try:
                 got = compiled(*inputs)
             except torchtosa.Unsupported as err:
