@@ -76,6 +76,14 @@ def test_unary_special_values(dtype: torch.dtype) -> None:
     check(lambda x: (torch.where(torch.isnan(x), 0.0, x), x == INF, x != x, x < NAN, x.abs(), -x), x)
 
 
+@pytest.mark.parametrize("dtype", [*FLOATS, torch.float64], ids=str)
+def test_signbit_special_values(dtype: torch.dtype) -> None:
+    # -0.0 and a negative NaN have the sign bit set: random samples have neither
+    x = torch.tensor([*SPECIAL, -NAN]).to(dtype)
+    assert torch.signbit(x)[-1] and torch.signbit(x)[1]
+    check(torch.signbit, x)
+
+
 def test_exact_quotients() -> None:
     # a * (1 / b) in f32 misses exact quotients such as 49 / 49; the f64 path does not
     a = torch.tensor([6.0, 49.0, 1.0, 0.3, 7.0, 1e-3, 5.0, 0.7])
