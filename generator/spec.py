@@ -200,7 +200,7 @@ def _rule_map_list(value: Any, at: Located) -> list[tuple[Located, Located]]:
 # ---------------------------------------------------------------- aten op entries
 
 OPDEF_KEYS = {
-    "schema": "the aten schema, as torch prints it without 'aten::'",
+    "schema": "the op's schema, as torch prints it without its namespace ('aten::')",
     "doc": "a note for readers",
     "registry": "'tosa' (default) or a fallback registry name",
     "let": "mapping name: rule, evaluated in order",
@@ -296,22 +296,30 @@ class OpDef:
         return self.op.replace(".", "_")
 
 
+# Operator namespaces an entry may name: aten, and prims (core ATen decompositions leave
+# a few prims ops, such as prims.collapse, in graphs).
+NAMESPACES = ("aten", "prims")
+
+
 def _torch_overload(name: Located) -> Any:
     parts = str(name).split(".")
-    if len(parts) != 3 or parts[0] != "aten":
-        raise name.error("an entry's key is aten.<op>.<overload>, e.g. aten.add.Tensor")
-    packet = getattr(torch.ops.aten, parts[1], None) if not parts[1].startswith("_" * 2) else None
+    if len(parts) != 3 or parts[0] not in NAMESPACES:
+        raise name.error("an entry's key is aten.<op>.<overload> (or prims.<op>.<overload>), e.g. aten.add.Tensor")
+    ns = parts[0]
+    packet = getattr(getattr(torch.ops, ns), parts[1], None) if not parts[1].startswith("_" * 2) else None
     if not isinstance(packet, torch._ops.OpOverloadPacket):
         names = torch._C._dispatch_get_all_op_names()
-        near = difflib.get_close_matches(parts[1], {n[6:].split(".")[0] for n in names if n.startswith("aten::")}, n=3)
-        raise name.error(f"torch has no op aten.{parts[1]}" + (f"; did you mean {', '.join(near)}?" if near else ""))
+        known = {n.split("::", 1)[1].split(".")[0] for n in names if n.startswith(f"{ns}::")}
+        near = difflib.get_close_matches(parts[1], known, n=3)
+        raise name.error(f"torch has no op {ns}.{parts[1]}" + (f"; did you mean {', '.join(near)}?" if near else ""))
     if parts[2] not in packet.overloads():
-        raise name.error(f"aten.{parts[1]} has no overload {parts[2]!r}; overloads: {', '.join(packet.overloads())}")
+        raise name.error(f"{ns}.{parts[1]} has no overload {parts[2]!r}; overloads: {', '.join(packet.overloads())}")
     return getattr(packet, parts[2])
 
 
 def _schema_text(overload: Any) -> str:
-    return str(overload._schema).removeprefix("aten::")
+    """The schema as torch prints it, without the namespace ('aten::', 'prims::')."""
+    return str(overload._schema).split("::", 1)[1]
 
 
 def _arg_kind(type_str: str) -> tuple[str, str]:

@@ -23,8 +23,8 @@ def _tensors(args: list[Any]) -> list[torch.Tensor]:
 
 
 def _schema(entry: Entry) -> torch.FunctionSchema:
-    _, name, overload = entry.op.split(".")
-    return getattr(getattr(torch.ops.aten, name), overload)._schema
+    ns, name, overload = entry.op.split(".")
+    return getattr(getattr(getattr(torch.ops, ns), name), overload)._schema
 
 
 def lower_op(entry: Entry, args: list[Any]) -> Program:

@@ -136,6 +136,9 @@ MISTAKES = [
     ("unknown-overload", "aten.add.Tensor:", "‸aten.add.Tensr:", "no overload 'Tensr'", "overloads: Tensor, Scalar"),
     ("not-an-overload-name", "aten.add.Tensor:", "‸add.Tensor:", "aten.<op>.<overload>"),
     ("dunder-op", "aten.add.Tensor:", "‸aten.__class__.default:", "torch has no op aten.__class__"),
+    ("unknown-namespace", "aten.add.Tensor:", "‸torch.add.Tensor:", "aten.<op>.<overload>", "prims.<op>"),
+    ("unknown-prims-op", "aten.add.Tensor:", "‸prims.colapse.default:", "torch has no op prims.colapse",
+     "did you mean collapse"),
     ("schema-mismatch", "Scalar alpha=1", "Scalar alpha=‸2", "schema does not match torch's",
      "write: add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"),
     ("schema-missing", "aten.add.Tensor:\n  schema: add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> "
@@ -254,6 +257,31 @@ def test_good_spec_loads_and_renders(opdefs: Path) -> None:
     assert render_family(entries2, "fam.yaml") == src
     assert render_catalogue(catalogue2, "opdefs/tosa.yaml") == render_catalogue(catalogue, "opdefs/tosa.yaml")
     assert render_registry(entries2, "0") == render_registry(entries, "0")
+
+
+PRIMS = """\
+prims.collapse.default:
+  schema: collapse(Tensor a, int start, int end) -> Tensor
+  shape: "list(a.shape[:start]) + [prod(a.shape[start:end + 1])] + list(a.shape[end + 1:])"
+  dtype: a.dtype
+  emit:
+    - "out = tosa.reshape(a) {new_shape: list(a.shape[:start]) + [prod(a.shape[start:end + 1])] + list(a.shape[end + 1:])}"
+  samples:
+    - {a: "f32[2, 3, 4]", start: 0, end: 1}
+"""
+
+
+def test_prims_entry_loads_and_renders(opdefs: Path) -> None:
+    """An entry may name a prims overload: its schema is checked without 'prims::'."""
+    (opdefs / "fam.yaml").write_text(PRIMS)
+    _, entries = load_specs(opdefs)
+    (e,) = entries
+    assert (e.op, e.schema, [a.name for a in e.args]) == (
+        "prims.collapse.default", "collapse(Tensor a, int start, int end) -> Tensor", ["a", "start", "end"])
+    fn = load_generated(render_family(entries, "fam.yaml"), "prims_collapse_default")
+    assert fn(None, Desc((2, 3, 4), torch.int32), 0, 1) == [((6, 4), torch.int32)]
+    spec_error(opdefs, PRIMS.replace("  schema: collapse(Tensor a", "  schema: col‸apse(Tensor a"),
+               "schema does not match torch's", "write: collapse(Tensor a, int start, int end) -> Tensor")
 
 
 def test_family_file_names_are_module_names(opdefs: Path) -> None:

@@ -68,9 +68,9 @@ def entry_for(e: OpDef):
 
 
 def call_torch(e: OpDef, args: list[Any]) -> list[torch.Tensor]:
-    """Call the aten overload itself: positional arguments, then keyword-only ones."""
-    _, name, overload = e.op.split(".")
-    op = getattr(getattr(torch.ops.aten, name), overload)
+    """Call the overload itself (aten or prims): positional arguments, then keyword-only ones."""
+    ns, name, overload = e.op.split(".")
+    op = getattr(getattr(getattr(torch.ops, ns), name), overload)
     schema = op._schema.arguments
     pos = [a for a, s in zip(args, schema, strict=True) if not s.kwarg_only]
     kw = {s.name: a for a, s in zip(args, schema, strict=True) if s.kwarg_only}
