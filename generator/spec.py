@@ -213,6 +213,7 @@ OPDEF_KEYS = {
     "samples": "list of argument mappings for tests",
     "sample_dtypes": "dtypes that replace 'T' in sample tensors (default [f32])",
     "tolerance": "{rtol, atol} for the numeric tests",
+    "sorted": "tensor arguments torch requires sorted along their last dim: tests sort their data",
 }
 SAMPLE_KEYS = ("raises", "unsupported", "range", "tolerance")
 TENSOR_RE = re.compile(r"(?P<dtype>\w+)\[(?P<dims>[\d,\s]*)\]")
@@ -290,6 +291,7 @@ class OpDef:
     lines: list[Line]
     samples: list[Sample] = field(default_factory=list)
     tolerance: dict[str, float] | None = None
+    sorted: list[str] = field(default_factory=list)  # tensor arguments whose test data is sorted
 
     @property
     def fn(self) -> str:
@@ -436,6 +438,15 @@ def _parse_sample(item: Any, entry: OpDef, at: Located, dtypes: list[str]) -> li
     return out
 
 
+def _sorted_args(value: Any, args: list[Arg], at: Located) -> list[str]:
+    """`sorted`: names of Tensor arguments (torch leaves results undefined for unsorted data)."""
+    tensors = [a.name for a in args if a.kind == "tensor"]
+    for name in _expect(value, list, "sorted", at):
+        if name not in tensors:
+            raise _where(name, at).error(f"sorted names Tensor arguments ({', '.join(tensors)}), not {str(name)!r}")
+    return [str(n) for n in value]
+
+
 def _tolerance(value: Any, at: Located) -> dict[str, float] | None:
     """{rtol, atol} as floats (YAML reads 1e-4 as a string: accept it)."""
     if value is None:
@@ -551,7 +562,8 @@ def load_entry(name: Located, entry: Any, family: str, catalogue: dict[str, Tosa
     opdef = OpDef(
         op=str(name), where=name.where, family=family, schema=schema, doc=str(entry.get("doc", "")),
         registry=_identifier(entry.get("registry", "tosa"), "registry", name), args=args, lets=lets, requires=requires,
-        limits=limits, results=results, lines=lines, tolerance=_tolerance(entry.get("tolerance"), name))
+        limits=limits, results=results, lines=lines, tolerance=_tolerance(entry.get("tolerance"), name),
+        sorted=_sorted_args(entry.get("sorted", []), args, name))
     dtypes = _expect(entry.get("sample_dtypes", ["f32"]), list, "sample_dtypes", name)
     for d in dtypes:
         if d not in DTYPES:

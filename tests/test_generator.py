@@ -228,6 +228,8 @@ MISTAKES = [
     ("sample-code-as-tensor", '{self: "f32[3]", other: 2.5}',
      "{self: \"‸f32[3]; __import__('os')\", other: 2.5}", "dtype[dims]"),
     ("sample-dtypes-unknown", "sample_dtypes: [f32, i32]", "sample_dtypes: [f32, ‸int]", "unknown dtype 'int'"),
+    ("sorted-not-a-tensor", "  sample_dtypes: [f32, i32]\n", "  sorted: [‸alpha]\n  sample_dtypes: [f32, i32]\n",
+     "sorted names Tensor arguments (self, other), not 'alpha'"),
 ]
 
 
@@ -262,10 +264,11 @@ def test_good_spec_loads_and_renders(opdefs: Path) -> None:
 PRIMS = """\
 prims.collapse.default:
   schema: collapse(Tensor a, int start, int end) -> Tensor
-  shape: "list(a.shape[:start]) + [prod(a.shape[start:end + 1])] + list(a.shape[end + 1:])"
+  let: {shp: "list(a.shape[:start]) + [prod(a.shape[start:end + 1])] + list(a.shape[end + 1:])"}
+  shape: shp
   dtype: a.dtype
   emit:
-    - "out = tosa.reshape(a) {new_shape: list(a.shape[:start]) + [prod(a.shape[start:end + 1])] + list(a.shape[end + 1:])}"
+    - "out = tosa.reshape(a) {new_shape: shp}"
   samples:
     - {a: "f32[2, 3, 4]", start: 0, end: 1}
 """

@@ -60,7 +60,14 @@ def make_args(e: OpDef, s: Sample) -> list[Any]:
             return [make(x) for x in v]
         return v
 
-    return [make(s.args[a.name]) if a.name in s.args else a.default for a in e.args]
+    args = [make(s.args[a.name]) if a.name in s.args else a.default for a in e.args]
+    return sort_args(e, args)
+
+
+def sort_args(e: OpDef, args: list[Any]) -> list[Any]:
+    """The entry's `sorted` tensor arguments sorted along their last dim (torch requires it)."""
+    return [torch.sort(v).values if a.name in e.sorted and isinstance(v, torch.Tensor) and v.dim() > 0 else v
+            for a, v in zip(e.args, args, strict=True)]
 
 
 def entry_for(e: OpDef):

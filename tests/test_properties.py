@@ -48,7 +48,16 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_ops import DTYPES, UNSPECIFIED_VALUES, call_torch, describe, entry_for, fake_results, random_tensor
+from test_ops import (
+    DTYPES,
+    UNSPECIFIED_VALUES,
+    call_torch,
+    describe,
+    entry_for,
+    fake_results,
+    random_tensor,
+    sort_args,
+)
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
@@ -239,7 +248,7 @@ def materialize(e: OpDef, args: dict[str, Any], real: bool) -> list[Any]:
             return [make(x) for x in v]
         return v
 
-    return [make(args[a.name]) for a in e.args]
+    return sort_args(e, [make(args[a.name]) for a in e.args])
 
 
 def torch_types(e: OpDef, args: dict[str, Any]) -> tuple[list[tuple] | None, Exception | None]:
