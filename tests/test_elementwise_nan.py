@@ -67,6 +67,16 @@ def test_floor_division_special_values(dtype: torch.dtype) -> None:
     check(lambda a, b: a // b, *pairs(values, dtype))
 
 
+@pytest.mark.parametrize("mode", ["trunc", "floor"])
+def test_f64_rounding_division_special_values(mode: str) -> None:
+    # f64 goes to the arith fallback (exact division and fmod): bit-for-bit torch's results,
+    # also for quotients that overflow, underflow or sit next to an integer
+    values = [*SPECIAL, 7.5, 0.3, 1e300, -1e-300, 5e-324, 2.0**53 + 2, 3.0 * (1 - 2.0**-52)]
+    check(lambda a, b: torch.div(a, b, rounding_mode=mode), *pairs(values, torch.float64))
+    check(lambda a: (torch.div(a, 0.1, rounding_mode=mode), torch.div(a, -3, rounding_mode=mode)),
+          torch.tensor(values, dtype=torch.float64))
+
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
 def test_unary_special_values(dtype: torch.dtype) -> None:
     x = torch.tensor(SPECIAL).to(dtype)
