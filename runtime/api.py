@@ -182,13 +182,14 @@ class CompiledFunction:
             return ()  # one graph, its inputs' signature fixed at export time
         # The same tensor passed twice is traced as one input: which leaf each tensor first
         # appeared as is part of the signature, so f(a, b) never reuses the graph of f(a, a).
+        # Strides and storage offset too: as_strided reads the storage beneath an input.
         first: dict[int, int] = {}
         if not kwargs and all(isinstance(x, torch.Tensor) for x in args):  # the common case, without pytree
-            return ("tensors", tuple((x.shape, x.dtype, x.device.type, first.setdefault(id(x), i))
-                                     for i, x in enumerate(args)))
+            return ("tensors", tuple((x.shape, x.dtype, x.device.type, first.setdefault(id(x), i), x.stride(),
+                                      x.storage_offset()) for i, x in enumerate(args)))
         leaves, spec = pytree.tree_flatten((args, kwargs))
-        sig = tuple((tuple(x.shape), x.dtype, x.device.type, first.setdefault(id(x), i))
-                    if isinstance(x, torch.Tensor) else (type(x), x) for i, x in enumerate(leaves))
+        sig = tuple((tuple(x.shape), x.dtype, x.device.type, first.setdefault(id(x), i), x.stride(),
+                     x.storage_offset()) if isinstance(x, torch.Tensor) else (type(x), x) for i, x in enumerate(leaves))
         return (spec, sig)
 
     def _flat_tensors(self, args: tuple, kwargs: dict, captured: Captured) -> list[torch.Tensor] | tuple:
@@ -272,7 +273,8 @@ class _Specializing:
         self.natives: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
     def __call__(self, *args: Any) -> list[torch.Tensor]:
-        key = tuple((tuple(a.shape), a.dtype, a.device.type) if isinstance(a, torch.Tensor) else a for a in args)
+        key = tuple((tuple(a.shape), a.dtype, a.device.type, a.stride(), a.storage_offset())
+                    if isinstance(a, torch.Tensor) else a for a in args)
         run = self.natives.get(key)
         if run is None:
             run = self.natives.setdefault(key, _compile_captured(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import re
 from collections import Counter
@@ -18,7 +19,7 @@ from .errors import InvalidInput, LoweringError, TorchTosaError, Unsupported
 from .execute import TensorSpec
 from .registry import registry
 from .support import schema_arguments, used_results
-from .tosa import Builder, Tensor, tensor_type
+from .tosa import Builder, Tensor, storage_layout, tensor_type
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n\s*(?P<code>.*)')
 
@@ -86,6 +87,13 @@ def _nonempty(val: Any, node: torch.fx.Node) -> None:
                               "TOSA has no zero-size tensors")
 
 
+def _with_layout(value: Any, val: Any) -> Any:
+    """A node's Tensor with the storage layout PyTorch gives its value `val` (a FakeTensor;
+    the real tensor for constants), for ops that read the storage beneath a value."""
+    layout = storage_layout(val)
+    return dataclasses.replace(value, layout=layout) if isinstance(value, Tensor) and layout is not None else value
+
+
 def _flat(x: Any) -> Iterator[Any]:
     if isinstance(x, (list, tuple)):
         for y in x:
@@ -145,7 +153,7 @@ class Importer:
         inputs = [_spec(n.meta.get("val"), n) for n in placeholders]
 
         def body(args: list[Tensor]) -> list[Tensor]:
-            self.env.update(zip(placeholders, args, strict=True))
+            self.env.update((n, _with_layout(a, n.meta.get("val"))) for n, a in zip(placeholders, args, strict=True))
             return self.body()
 
         program = build_function(self.name, inputs, body)
@@ -164,7 +172,7 @@ class Importer:
                 return [self.env[o] for o in outs]
             with _location(node):
                 try:
-                    self.env[node] = self.node(node)
+                    self.env[node] = _with_layout(self.node(node), node.meta.get("val"))
                 except TorchTosaError as err:
                     err.node = node.name  # which node failed: the partitioner then leaves it to eager
                     raise
@@ -175,7 +183,8 @@ class Importer:
             value = operator.attrgetter(node.target)(self.gm)
             if not isinstance(value, torch.Tensor):
                 raise Unsupported(f"attribute {node.target} is a {type(value).__name__}, not a tensor")
-            return Builder(f"constant {node.target}").constant(value, value.dtype, tuple(value.shape))
+            const = Builder(f"constant {node.target}").constant(value, value.dtype, tuple(value.shape))
+            return _with_layout(const, node.meta.get("val", value))
         if node.op != "call_function":
             raise Unsupported(f"{node.op} node {node.name} ({where(node)}): only aten graphs are supported")
         if node.target is operator.getitem:

@@ -585,3 +585,34 @@ def upsample_axis(in_size: int, out_size: int, scale: float | None, align_corner
             continue
         return [n, d, offset, (out_size - 1) * d - (in_size - 1) * n + offset]
     return []
+# ---- added by ops-a (as_strided)
+
+
+def storage_layout(t: Any) -> list[Any] | None:
+    """[strides, storage offset, storage size] (in elements) of how PyTorch stores the tensor
+    `t` (runtime.tosa.Tensor.layout: known for graph values and test inputs), or None."""
+    layout = getattr(t, "layout", None)
+    return None if layout is None else [list(layout[0]), layout[1], layout[2]]
+
+
+def dense_order(shape: Sequence[int], strides: Sequence[int]) -> list[int] | None:
+    """The dims of a tensor of `shape` laid out with `strides` in storage order (outermost first,
+    size-1 dims, whose stride does not matter, leading), if its elements fill a block of
+    prod(shape) storage elements exactly once; None if the strides leave gaps or overlap."""
+    ones = [d for d in range(len(shape)) if shape[d] == 1]
+    rest = sorted((d for d in range(len(shape)) if shape[d] != 1), key=lambda d: -strides[d])
+    expect = 1
+    for d in reversed(rest):
+        if strides[d] != expect:
+            return None
+        expect *= shape[d]
+    return ones + rest
+
+
+def strided_indices(size: Sequence[int], stride: Sequence[int], start: int) -> list[int]:
+    """start + sum(i_d * stride_d) for every index i of `size`, in row-major order: the storage
+    positions as_strided reads."""
+    out = [start]
+    for n, s in zip(size, stride):
+        out = [o + i * s for o in out for i in range(n)]
+    return out

@@ -17,7 +17,7 @@ import torch.fx as fx
 
 from .errors import TorchTosaError
 from .registry import registry
-from .tosa import Tensor, element_dtypes, wrapped_dtype
+from .tosa import Tensor, element_dtypes, storage_layout, wrapped_dtype
 
 
 def schema_arguments(node: fx.Node) -> Iterator[tuple[Any, Any]]:
@@ -42,7 +42,7 @@ def describe(value: Any, schema_arg: Any) -> Any:
         val = value.meta.get("val")
         if not isinstance(val, torch.Tensor):
             raise _NotNative(f"argument {schema_arg.name} is a {type(val).__name__} computed at run time")
-        return Tensor(None, tuple(val.shape), val.dtype)  # type: ignore[arg-type]
+        return Tensor(None, tuple(val.shape), val.dtype, layout=storage_layout(val))  # type: ignore[arg-type]
     if isinstance(value, (list, tuple)):
         return [describe(v, schema_arg) for v in value]
     if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):

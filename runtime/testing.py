@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -9,7 +10,7 @@ import torch
 from .execute import NativeFunction, TensorSpec
 from .importer import Program, build_function
 from .registry import Entry
-from .tosa import Builder, Tensor
+from .tosa import Builder, Tensor, storage_layout
 
 
 def _tensors(args: list[Any]) -> list[torch.Tensor]:
@@ -33,7 +34,7 @@ def lower_op(entry: Entry, args: list[Any]) -> Program:
     specs = [TensorSpec(tuple(t.shape), t.dtype) for t in tensors]
 
     def body(values: list[Tensor]) -> list[Tensor]:
-        by_id = {id(t): v for t, v in zip(tensors, values, strict=True)}
+        by_id = {id(t): dataclasses.replace(v, layout=storage_layout(t)) for t, v in zip(tensors, values, strict=True)}
 
         def bind(a: Any) -> Any:
             if isinstance(a, torch.Tensor):

@@ -53,6 +53,9 @@ def tensor_type(shape: Sequence[int], dtype: torch.dtype, i1: bool = False) -> i
     return ir.RankedTensorType.get(list(shape), element_type(dtype, i1))
 
 
+Layout = tuple[tuple[int, ...], int, int]  # (strides, storage offset, storage size), in elements
+
+
 @dataclass(frozen=True)
 class Tensor:
     """An SSA tensor value with the shape and dtype the rules see."""
@@ -61,10 +64,24 @@ class Tensor:
     shape: tuple[int, ...]
     dtype: torch.dtype
     wrapped: bool = False  # a Python number in a Tensor slot: promotes like a scalar
+    # How PyTorch stores this value, where known (graph values, from their FakeTensor; test
+    # inputs): only ops that read the storage beneath a value (as_strided) use it, through
+    # the rule builtin storage_layout. None: unknown.
+    layout: Layout | None = None
 
     @property
     def rank(self) -> int:
         return len(self.shape)
+
+
+def storage_layout(t: Any) -> Layout | None:
+    """How PyTorch stores a (fake or real) tensor: strides, storage offset and storage size in
+    elements; None for anything else (not a strided tensor, symbolic strides)."""
+    if not isinstance(t, torch.Tensor) or t.layout is not torch.strided:
+        return None
+    if not all(isinstance(s, int) for s in (*t.stride(), t.storage_offset())):
+        return None
+    return tuple(int(s) for s in t.stride()), int(t.storage_offset()), t.untyped_storage().nbytes() // t.element_size()
 
 
 def _attr(kind: str, value: Any, elem: ir.Type | None, result: ir.RankedTensorType) -> ir.Attribute:

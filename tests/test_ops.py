@@ -15,6 +15,7 @@ from torchtosa import InvalidInput, Unsupported
 from torchtosa import rules as R
 from torchtosa.registry import registry
 from torchtosa.testing import run_op
+from torchtosa.tosa import storage_layout
 
 ROOT = Path(__file__).resolve().parent.parent
 # Ops whose result values torch leaves unspecified: only shapes and dtypes are compared.
@@ -26,12 +27,14 @@ DTYPES = {name: getattr(R, name + "_" if name == "bool" else name) for name in
 
 
 class Desc:
-    """What the rules see of a tensor: shape, rank, dtype (and whether it is a wrapped number)."""
+    """What the rules see of a tensor: shape, rank, dtype (and whether it is a wrapped number, and
+    its storage layout, as runtime.tosa.Tensor)."""
 
     def __init__(self, t: torch.Tensor | float, wrapped: bool = False):
         if wrapped:
             t = torch.tensor(t)
         self.shape, self.dtype, self.wrapped = tuple(t.shape), t.dtype, wrapped
+        self.layout = None if wrapped else storage_layout(t)
 
     @property
     def rank(self) -> int:
