@@ -1,7 +1,9 @@
-"""as_strided end to end: it reads the storage beneath its input, whose layout the importer takes
-from PyTorch's metadata of each graph value (Tensor.layout) and the compiled signature holds for
-graph inputs. Views of inputs (permutes, slices), fresh intermediates, inputs that are views
-themselves, and the layouts that are not lowered."""
+"""as_strided end to end: it reads the storage beneath its input, whose layout the importer (and the
+partitioner's check-only calls) take from PyTorch's metadata of each graph value (Tensor.layout),
+and the compiled signature holds for graph inputs. Views of inputs (permutes, slices), fresh
+intermediates, inputs that are views themselves, and the layouts that are not lowered. The
+lowered cases compile with the default eager fallback: tests make a FallbackWarning an error, so
+they also check that the partitioner finds as_strided native."""
 
 from __future__ import annotations
 
@@ -47,9 +49,9 @@ def test_as_strided_of_a_non_contiguous_input_reads_its_storage() -> None:
 
 def test_as_strided_of_a_view_with_gaps_is_unsupported() -> None:
     with pytest.raises(torchtosa.Unsupported, match="does not fill its storage densely"):
-        torchtosa.compile(lambda x: x[:, :2].as_strided((2, 2), (1, 6)) * 2, X)
+        torchtosa.compile(lambda x: x[:, :2].as_strided((2, 2), (1, 6)) * 2, X, fallback="error")
 
 
 def test_as_strided_reading_outside_its_input_is_unsupported() -> None:
     with pytest.raises(torchtosa.Unsupported, match="outside its"):
-        torchtosa.compile(lambda x: x[:2].as_strided((3, 6), (6, 1)) * 2, X)
+        torchtosa.compile(lambda x: x[:2].as_strided((3, 6), (6, 1)) * 2, X, fallback="error")
