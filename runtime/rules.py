@@ -294,6 +294,19 @@ def hw(values: Sequence[int], one: int, spatial: int) -> list[int]:
     return [values[0], values[-1]]
 
 
+def dhw(values: Sequence[int], one: int, spatial: int) -> list[int]:
+    """The [d, h, w] triple of a conv/pool parameter of a `spatial`-D op (1 to 3): a
+    1-value list is used for every spatial dim, and the dims a lower-D op lacks (d for
+    2-D; d and h for 1-D, which runs as 2-D over a [1, L] plane) are `one`. Lists of
+    another length (rejected by the entry's `requires`) give some triple, never an error."""
+    spatial = builtins.max(1, builtins.min(spatial, 3))
+    vals = builtins.list(values) or [one]
+    if builtins.len(vals) == 1:
+        vals = vals * spatial
+    vals = (vals + [one] * spatial)[:spatial] if builtins.len(vals) < spatial else vals[-spatial:]
+    return [one] * (3 - spatial) + vals
+
+
 def pool_windows(h: int, w: int, kh: int, kw: int, sh: int, sw: int, ph: int, pw: int,
                  dh: int, dw: int, oh: int, ow: int) -> list[list[int]]:
     """The windows of a 2-D max pooling of an [h, w] plane, for a gather from the plane
