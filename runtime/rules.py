@@ -637,3 +637,16 @@ def upsample_axis(in_size: int, out_size: int, scale: float | None, align_corner
             continue
         return [n, d, offset, (out_size - 1) * d - (in_size - 1) * n + offset]
     return []
+
+
+# ---- added by linear (_trilinear)
+
+
+def unsqueeze_shape(shape: Sequence[int], dims: Sequence[int], rank: int) -> list[int]:
+    """`shape` unsqueezed at each of `dims` (already wrapped into range(rank)): size 1 at
+    those positions, the sizes of `shape` in order elsewhere; [] if the counts do not make
+    `rank` dims."""
+    if builtins.len(shape) + builtins.len(builtins.set(dims)) != rank:
+        return []
+    sizes = iter(shape)
+    return [1 if i in dims else next(sizes) for i in builtins.range(rank)]
