@@ -8,6 +8,7 @@ The generator's `generator/rules.py` lists the same names with their arities.
 from __future__ import annotations
 
 import builtins
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -294,64 +295,115 @@ def hw(values: Sequence[int], one: int, spatial: int) -> list[int]:
     return [values[0], values[-1]]
 
 
-def pool_windows(h: int, w: int, kh: int, kw: int, sh: int, sw: int, ph: int, pw: int,
-                 dh: int, dw: int, oh: int, ow: int) -> list[list[int]]:
-    """The windows of a 2-D max pooling of an [h, w] plane, for a gather from the plane
-    flattened with one padding slot appended (index h * w).
+def dhw(values: Sequence[int], one: int, spatial: int) -> list[int]:
+    """The [d, h, w] triple of a conv/pool parameter of a `spatial`-D op (1 to 3): a
+    1-value list is used for every spatial dim, and the dims a lower-D op lacks (d for
+    2-D; d and h for 1-D, which runs as 2-D over a [1, L] plane) are `one`. Lists of
+    another length (rejected by the entry's `requires`) give some triple, never an error."""
+    spatial = builtins.max(1, builtins.min(spatial, 3))
+    vals = builtins.list(values) or [one]
+    if builtins.len(vals) == 1:
+        vals = vals * spatial
+    vals = (vals + [one] * spatial)[:spatial] if builtins.len(vals) < spatial else vals[-spatial:]
+    return [one] * (3 - spatial) + vals
 
-    Returns [taps, sources], each oh * ow * kh * kw long: per output (row-major) its
-    taps, in-bounds ones first in row-major order and padding ones after, so that an
-    argmax (first maximum) picks what torch's scan picks (strictly greater replaces;
-    an all -inf window reports its first in-bounds element). `sources` is each tap's
-    flat input index; padding taps get torch's window start."""
+
+def _grid(counts: Sequence[int]) -> list[tuple[int, ...]]:
+    """Every index tuple of an array of shape `counts`, in row-major order."""
+    return [tuple(ix) for ix in itertools.product(*(builtins.range(n) for n in counts))]
+
+
+def _flat(ix: Sequence[int], sizes: Sequence[int]) -> int:
+    """The row-major flat index of `ix` in an array of shape `sizes`."""
+    out = 0
+    for i, n in builtins.zip(ix, sizes):
+        out = out * n + i
+    return out
+
+
+def pool_windows_nd(sizes: Sequence[int], kernel: Sequence[int], stride: Sequence[int], pad: Sequence[int],
+                    dilation: Sequence[int], outs: Sequence[int]) -> list[list[int]]:
+    """The windows of a max or average pooling over the last len(sizes) dims, for a gather
+    from the input flattened over those dims with one padding slot appended (index
+    prod(sizes)).
+
+    Returns [taps, sources], each prod(outs) * prod(kernel) long: per output (row-major)
+    its taps, in-bounds ones first in row-major order and padding ones after, so that an
+    argmax (first maximum) picks what torch's scan picks (strictly greater replaces; an
+    all -inf window reports its first in-bounds element). `sources` is each tap's flat
+    input index; padding taps get torch's window start (each dim's first in-bounds tap)."""
+    slot = prod(sizes)
     taps: list[int] = []
     sources: list[int] = []
-    for i in builtins.range(oh):
-        for j in builtins.range(ow):
-            hs, ws = i * sh - ph, j * sw - pw
-            while hs < 0:
-                hs += dh
-            while ws < 0:
-                ws += dw
-            start = hs * w + ws
-            inside, outside = [], []
-            for a in builtins.range(kh):
-                for c in builtins.range(kw):
-                    y, x = i * sh - ph + a * dh, j * sw - pw + c * dw
-                    if 0 <= y < h and 0 <= x < w:
-                        inside.append(y * w + x)
-                    else:
-                        outside.append(start)
-            taps += inside + [h * w] * builtins.len(outside)
-            sources += inside + outside
+    for o in _grid(outs):
+        first = [o[i] * stride[i] - pad[i] for i in builtins.range(builtins.len(sizes))]
+        start = []
+        for f, d in builtins.zip(first, dilation):
+            while f < 0:
+                f += d
+            start.append(f)
+        inside, outside = [], []
+        for t in _grid(kernel):
+            pos = [f + k * d for f, k, d in builtins.zip(first, t, dilation)]
+            if builtins.all(0 <= p < n for p, n in builtins.zip(pos, sizes)):
+                inside.append(_flat(pos, sizes))
+            else:
+                outside.append(_flat(start, sizes))
+        taps += inside + [slot] * builtins.len(outside)
+        sources += inside + outside
     return [taps, sources]
 
 
-def adaptive_windows(h: int, w: int, oh: int, ow: int) -> list[Any]:
-    """The windows of a 2-D adaptive pooling of an [h, w] plane (rows floor(i*h/oh) to
-    ceil((i+1)*h/oh), as torch), for a gather from the plane flattened with one padding
-    slot appended (index h * w). Returns [taps, sources, counts, k]: each output's taps
-    in row-major order padded with the slot to the largest window size k; sources are
-    the flat input indices (a padding tap repeats the window's first); counts are the
-    window sizes."""
-    def bounds(i: int, size: int, out: int) -> tuple[int, int]:
-        return (i * size) // out, -(-((i + 1) * size) // out)
+def pool_divisors_nd(sizes: Sequence[int], kernel: Sequence[int], stride: Sequence[int], pad: Sequence[int],
+                     outs: Sequence[int], count_include_pad: bool, divisor_override: int | None) -> list[int]:
+    """torch's divisor of each output (row-major) of an average pooling over the last
+    len(sizes) dims: divisor_override if given; else the window's size clipped to the
+    padded input (count_include_pad) or to the input itself, per dim, multiplied."""
+    out = []
+    for o in _grid(outs):
+        full = valid = 1
+        for i, n in builtins.enumerate(sizes):
+            lo = o[i] * stride[i] - pad[i]
+            hi = builtins.min(lo + kernel[i], n + pad[i])
+            full *= hi - lo
+            valid *= builtins.min(hi, n) - builtins.max(lo, 0)
+        out.append(divisor_override if divisor_override is not None else full if count_include_pad else valid)
+    return out
 
-    k = 0
+
+def adaptive_windows_nd(sizes: Sequence[int], outs: Sequence[int]) -> list[Any]:
+    """The windows of an adaptive pooling over the last len(sizes) dims (along each dim,
+    output i reads floor(i*n/o) to ceil((i+1)*n/o), as torch), for a gather from the input
+    flattened over those dims with one padding slot appended (index prod(sizes)).
+    Returns [taps, sources, counts, k]: each output's taps in row-major order padded with
+    the slot to the largest window size k; sources are the flat input indices (a padding
+    tap repeats the window's first); counts are the window sizes."""
+    def bounds(i: int, n: int, o: int) -> range:
+        return builtins.range((i * n) // o, -(-((i + 1) * n) // o))
+
+    slot = prod(sizes)
     windows = []
-    for i in builtins.range(oh):
-        y0, y1 = bounds(i, h, oh)
-        for j in builtins.range(ow):
-            x0, x1 = bounds(j, w, ow)
-            cells = [y * w + x for y in builtins.range(y0, y1) for x in builtins.range(x0, x1)]
-            windows.append(cells)
-            k = builtins.max(k, builtins.len(cells))
+    for o in _grid(outs):
+        spans = [bounds(i, n, m) for i, n, m in builtins.zip(o, sizes, outs)]
+        windows.append([_flat(p, sizes) for p in itertools.product(*spans)])
+    k = builtins.max(builtins.len(c) for c in windows)
     taps: list[int] = []
     sources: list[int] = []
     for cells in windows:
-        taps += cells + [h * w] * (k - builtins.len(cells))
+        taps += cells + [slot] * (k - builtins.len(cells))
         sources += cells + [cells[0]] * (k - builtins.len(cells))
     return [taps, sources, [builtins.len(c) for c in windows], k]
+
+
+def pool_windows(h: int, w: int, kh: int, kw: int, sh: int, sw: int, ph: int, pw: int,
+                 dh: int, dw: int, oh: int, ow: int) -> list[list[int]]:
+    """pool_windows_nd of a 2-D pooling of an [h, w] plane (padding slot h * w)."""
+    return pool_windows_nd([h, w], [kh, kw], [sh, sw], [ph, pw], [dh, dw], [oh, ow])
+
+
+def adaptive_windows(h: int, w: int, oh: int, ow: int) -> list[Any]:
+    """adaptive_windows_nd of a 2-D adaptive pooling of an [h, w] plane (padding slot h * w)."""
+    return adaptive_windows_nd([h, w], [oh, ow])
 # ---- added by elementwise/creation
 
 
@@ -616,3 +668,16 @@ def strided_indices(size: Sequence[int], stride: Sequence[int], start: int) -> l
     for n, s in zip(size, stride):
         out = [o + i * s for o in out for i in range(n)]
     return out
+
+
+# ---- added by linear (_trilinear)
+
+
+def unsqueeze_shape(shape: Sequence[int], dims: Sequence[int], rank: int) -> list[int]:
+    """`shape` unsqueezed at each of `dims` (already wrapped into range(rank)): size 1 at
+    those positions, the sizes of `shape` in order elsewhere; [] if the counts do not make
+    `rank` dims."""
+    if builtins.len(shape) + builtins.len(builtins.set(dims)) != rank:
+        return []
+    sizes = iter(shape)
+    return [1 if i in dims else next(sizes) for i in builtins.range(rank)]
