@@ -585,3 +585,10 @@ def upsample_axis(in_size: int, out_size: int, scale: float | None, align_corner
             continue
         return [n, d, offset, (out_size - 1) * d - (in_size - 1) * n + offset]
     return []
+# ---- added by sorting/scatter-reduce
+
+
+def pad_to(shape: Sequence[int], target: Sequence[int]) -> list[int]:
+    """tosa.pad's padding list that grows `shape` to `target` at the high end of every dim:
+    [0, target[0] - shape[0], 0, target[1] - shape[1], ...]."""
+    return [x for s, t in builtins.zip(shape, target) for x in (0, t - s)]
