@@ -681,3 +681,10 @@ def unsqueeze_shape(shape: Sequence[int], dims: Sequence[int], rank: int) -> lis
         return []
     sizes = iter(shape)
     return [1 if i in dims else next(sizes) for i in builtins.range(rank)]
+# ---- added by sorting/scatter-reduce
+
+
+def pad_to(shape: Sequence[int], target: Sequence[int]) -> list[int]:
+    """tosa.pad's padding list that grows `shape` to `target` at the high end of every dim:
+    [0, target[0] - shape[0], 0, target[1] - shape[1], ...]."""
+    return [x for s, t in builtins.zip(shape, target) for x in (0, t - s)]
