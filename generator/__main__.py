@@ -14,7 +14,7 @@ from torchtosa.registry import ROOT, generator_inputs, source_hash
 
 from .render import render_catalogue, render_family, render_registry
 from .source import SpecError
-from .spec import load_specs
+from .spec import load_eager, load_specs
 from .table import readme_with_table
 
 OUT = ROOT / "runtime" / "_generated"
@@ -29,7 +29,8 @@ def outputs() -> dict[Path, str]:
     for family in families:
         mine = [e for e in entries if e.family == family]
         files[OUT / f"{family}.py"] = render_family(mine, f"opdefs/{family}.yaml")
-    files[OUT / "registry.py"] = render_registry(entries, source_hash(generator_inputs()))
+    eager = load_eager(ROOT / "opdefs" / "eager.yaml", entries)
+    files[OUT / "registry.py"] = render_registry(entries, eager, source_hash(generator_inputs()))
     readme = ROOT / "README.md"
     if readme.exists():
         files[readme] = readme_with_table(readme.read_text(), entries)

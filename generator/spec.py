@@ -598,8 +598,39 @@ def load_opdefs(paths: list[Path], catalogue: dict[str, TosaOp]) -> list[OpDef]:
 
 
 
+@dataclass
+class EagerReason:
+    """An overload with no lowering, and why it runs with PyTorch (opdefs/eager.yaml)."""
+
+    op: str
+    reason: str
+    where: str
+
+
+TABLES = ("tosa.yaml", "eager.yaml")  # files of opdefs/ that are not families of entries
+
+
+def load_eager(path: Path, entries: list[OpDef]) -> list[EagerReason]:
+    """`overload: reason` pairs; each overload exists in torch and has no entry."""
+    if not path.exists():
+        return []
+    lowered = {e.op: e.where for e in entries}
+    top = Located("", str(path), 1, 1)
+    out = []
+    for name, reason in _expect(load_yaml(path) or {}, dict, path.name, top).items():
+        name = _expect(name, str, "an op name", top)
+        _torch_overload(name)
+        if str(name) in lowered:
+            raise name.error(f"{name} has an entry at {lowered[str(name)]}: it is not left to eager")
+        reason = _expect(reason, str, "a reason", name)
+        if not reason.strip():
+            raise name.error("the reason is empty")
+        out.append(EagerReason(str(name), " ".join(reason.split()), name.where))
+    return out
+
+
 def load_specs(opdefs_dir: Path) -> tuple[dict[str, TosaOp], list[OpDef]]:
     """The catalogue (tosa.yaml) and every aten entry of the other files in `opdefs_dir`."""
     catalogue = load_catalogue(opdefs_dir / "tosa.yaml")
-    families = sorted(p for p in opdefs_dir.glob("*.yaml") if p.name != "tosa.yaml")
+    families = sorted(p for p in opdefs_dir.glob("*.yaml") if p.name not in TABLES)
     return catalogue, load_opdefs(families, catalogue)

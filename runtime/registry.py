@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from types import ModuleType
 
 from .errors import TorchTosaError
 
@@ -22,6 +23,14 @@ class Entry:
     registry: str  # "tosa" or a fallback's name
     where: str  # "opdefs/shape.yaml:3"
     fn: Callable
+
+
+@dataclass(frozen=True)
+class Eager:
+    """Why an overload has no lowering and runs with PyTorch, from opdefs/eager.yaml."""
+
+    reason: str
+    where: str  # "opdefs/eager.yaml:12"
 
 
 def generator_inputs(root: Path = ROOT) -> list[Path]:
@@ -43,6 +52,22 @@ def source_hash(paths: list[Path], root: Path = ROOT) -> str:
 @cache
 def registry() -> dict[str, list[Entry]]:
     """aten overload name -> its lowerings, primary first; checks the registry is there and fresh."""
+    generated = _generated()
+    table: dict[str, list[Entry]] = {}
+    for entry in generated.ENTRIES:
+        table.setdefault(entry.op, []).append(entry)
+    for entries in table.values():
+        entries.sort(key=lambda e: e.registry != PRIMARY)
+    return table
+
+
+def eager_reasons() -> dict[str, Eager]:
+    """Overloads left to PyTorch on purpose -> why."""
+    return _generated().EAGER
+
+
+@cache
+def _generated() -> ModuleType:
     try:
         from ._generated import registry as generated
     except ImportError as err:
@@ -53,9 +78,4 @@ def registry() -> dict[str, list[Entry]]:
         if current != generated.SOURCE_HASH:
             raise TorchTosaError("the generated op registry is stale: opdefs/ or generator/ changed since "
                                  "the last `make gen`; run `make gen`")
-    table: dict[str, list[Entry]] = {}
-    for entry in generated.ENTRIES:
-        table.setdefault(entry.op, []).append(entry)
-    for entries in table.values():
-        entries.sort(key=lambda e: e.registry != PRIMARY)
-    return table
+    return generated

@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 
 from .errors import TorchTosaError
-from .registry import registry
+from .registry import eager_reasons, registry
 from .tosa import Tensor, element_dtypes, storage_layout, wrapped_dtype
 
 
@@ -94,7 +94,8 @@ def unsupported_reason(node: fx.Node) -> str | None:
         return reason
     entries = registry().get(op)
     if not entries:
-        return "no mapping in any registry"
+        known = eager_reasons().get(op)
+        return f"no mapping: {known.reason} ({known.where})" if known else "no mapping in any registry"
     try:
         args = [describe(value, arg) for value, arg in schema_arguments(node)]
     except _NotNative as err:

@@ -32,7 +32,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 from torch._decomp import core_aten_decompositions  # noqa: E402
 
-from torchtosa.registry import Entry, registry  # noqa: E402
+from torchtosa.registry import Entry, eager_reasons, registry  # noqa: E402
 
 
 def _load_models() -> Any:
@@ -59,9 +59,14 @@ def aten_overloads() -> list[torch._ops.OpOverload]:
 
 
 def why_not(op: torch._ops.OpOverload, decomposed: set[Any]) -> tuple[str, str]:
-    """(category, explanation) for an overload without an entry, from torch's own metadata."""
+    """(category, explanation) for an overload without an entry: opdefs/eager.yaml's reason, or
+    one derived from torch's own metadata."""
     schema = op._schema
     tags = set(op.tags)
+    known = eager_reasons().get(str(op))
+    if known is not None:
+        path, _, line = known.where.partition(":")
+        return "left to eager", f"{known.reason} ([{known.where}](../{path}#L{line}))"
     if op in decomposed:
         return "decomposed before lowering", ("in `core_aten_decompositions()`, which capture passes to "
                                               "AOTAutograd: captured graphs hold its decomposition instead")

@@ -258,7 +258,7 @@ def test_good_spec_loads_and_renders(opdefs: Path) -> None:
     catalogue2, entries2 = load_specs(opdefs)
     assert render_family(entries2, "fam.yaml") == src
     assert render_catalogue(catalogue2, "opdefs/tosa.yaml") == render_catalogue(catalogue, "opdefs/tosa.yaml")
-    assert render_registry(entries2, "0") == render_registry(entries, "0")
+    assert render_registry(entries2, [], "0") == render_registry(entries, [], "0")
 
 
 PRIMS = """\
@@ -285,6 +285,26 @@ def test_prims_entry_loads_and_renders(opdefs: Path) -> None:
     assert fn(None, Desc((2, 3, 4), torch.int32), 0, 1) == [((6, 4), torch.int32)]
     spec_error(opdefs, PRIMS.replace("  schema: collapse(Tensor a", "  schema: col‸apse(Tensor a"),
                "schema does not match torch's", "write: collapse(Tensor a, int start, int end) -> Tensor")
+
+
+def test_eager_table_names_real_overloads_without_entries(opdefs: Path) -> None:
+    """opdefs/eager.yaml: overload -> why it runs with PyTorch; checked against torch and the entries."""
+    (opdefs / "fam.yaml").write_text(GOOD)
+    _, entries = load_specs(opdefs)
+    eager = opdefs / "eager.yaml"
+    eager.write_text("aten.nonzero.default: >-\n  data-dependent\n  shape\n")
+    (reason,) = generator.spec.load_eager(eager, entries)
+    assert (reason.op, reason.reason, reason.where) == ("aten.nonzero.default", "data-dependent shape",
+                                                         f"{eager}:1")
+    src = render_registry(entries, [reason], "0")
+    assert "'aten.nonzero.default': Eager('data-dependent shape', " in src
+    for marked, hint in (("‸aten.nonzeroo.default: x\n", "torch has no op aten.nonzeroo"),
+                         ("‸aten.add.Tensor: x\n", "has an entry at"),
+                         ("‸aten.nonzero.default: [1]\n", "a reason must be a string")):
+        line, col = write(eager, marked)
+        with pytest.raises(SpecError) as err:
+            generator.spec.load_eager(eager, entries)
+        check_message(str(err.value), eager, line, col, hint)
 
 
 def test_family_file_names_are_module_names(opdefs: Path) -> None:
