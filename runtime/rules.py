@@ -149,11 +149,13 @@ def itemsize(dt: torch.dtype) -> int:
 
 
 def dtype_min(dt: torch.dtype) -> float | int:
-    return torch.finfo(dt).min if dt.is_floating_point else torch.iinfo(dt).min
+    """The lowest finite value of a dtype (False, 0, for bool)."""
+    return 0 if dt == torch.bool else torch.finfo(dt).min if dt.is_floating_point else torch.iinfo(dt).min
 
 
 def dtype_max(dt: torch.dtype) -> float | int:
-    return torch.finfo(dt).max if dt.is_floating_point else torch.iinfo(dt).max
+    """The highest finite value of a dtype (True, 1, for bool)."""
+    return 1 if dt == torch.bool else torch.finfo(dt).max if dt.is_floating_point else torch.iinfo(dt).max
 
 
 def infer_view(shape: Sequence[int], size: Sequence[int]) -> list[int]:
