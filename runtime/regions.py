@@ -91,6 +91,12 @@ class Explanation:
         return f"torchtosa: {len(self.eager)} of {total} ops run eagerly: {listed}{more} (see explain())"
 
     def extend(self, other: Explanation) -> None:
+        """Add another graph's parts (a function compiled graph by graph), regions numbered on."""
+        count = sum(isinstance(p, NativeRegion) for p in self.parts)
+        for p in other.parts:
+            if isinstance(p, NativeRegion):
+                p.name = f"region {count}"
+                count += 1
         self.parts += other.parts
         self.notes += other.notes
 
