@@ -146,7 +146,9 @@ def capture_exported(ep: torch.export.ExportedProgram) -> Captured:
 def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]]) -> Callable[..., Any]:
     """A `torch.compile` backend that hands each AOTAutograd forward graph to `compile_graph`.
 
-    Every placeholder is a runtime argument (`params == []`). `compile_graph`
+    `compile_graph` gets the backend's `Options` (torch.compile's `options=`; with
+    fallback="eager" updates of inputs stay in the graph as `copy_` nodes). Every
+    placeholder is a runtime argument (`params == []`). `compile_graph`
     runs on the graph's first call, so `example_inputs` are that call's real
     arguments (ints where sizes are symbolic). Its result takes the arguments
     positionally and returns the graph's flat outputs. With autograd enabled the
@@ -154,8 +156,8 @@ def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]
     activations saved for backward) and the backward graph runs eagerly.
     """
 
-    def fw_compiler(gm: fx.GraphModule, _fake_args: Sequence[Any], opt: Options) -> Callable[..., Any]:
-        if opt.fallback == "error":
+    def fw_compiler(gm: fx.GraphModule, _fake_args: Sequence[Any], options: Options) -> Callable[..., Any]:
+        if options.fallback == "error":
             _check_graph(gm, static=False)
         _simplify(gm)
         compiled: Callable[..., Any] | None = None
@@ -165,7 +167,7 @@ def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]
             if compiled is None:
                 out_spec = pytree.tree_flatten(tuple(gm.graph.output_node().args[0]))[1]
                 in_spec = pytree.tree_flatten((tuple(args), {}))[1]
-                compiled = compile_graph(Captured(gm, [], list(args), in_spec, out_spec), opt)
+                compiled = compile_graph(Captured(gm, [], list(args), in_spec, out_spec), options)
             return compiled(*args)
 
         run._boxed_call = True  # type: ignore[attr-defined]
@@ -173,16 +175,16 @@ def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]
 
     def backend(gm: fx.GraphModule, example_inputs: list[Any],
                 options: dict[str, Any] | None = None) -> Callable[..., Any]:
-        opt = Options.of(options)
+        chosen = Options.of(options)
         return aot_module_simplified(
             gm,
             example_inputs,
-            fw_compiler=functools.partial(fw_compiler, opt=opt),
+            fw_compiler=functools.partial(fw_compiler, options=chosen),
             bw_compiler=_run_eagerly,
             decompositions={**core_aten_decompositions(), **_FUSED_DECOMPOSITIONS},
             # updates of inputs stay in the graph as copy_ nodes, to be written in place
             # by the eager fallback (state.py) rather than copied whole by AOTAutograd
-            keep_inference_input_mutations=opt.fallback == "eager",
+            keep_inference_input_mutations=chosen.fallback == "eager",
         )
 
     return backend

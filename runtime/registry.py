@@ -61,12 +61,12 @@ def registry() -> dict[str, list[Entry]]:
     return table
 
 
+@cache
 def eager_reasons() -> dict[str, Eager]:
     """Overloads left to PyTorch on purpose -> why."""
     return _generated().EAGER
 
 
-@cache
 def _generated() -> ModuleType:
     try:
         from ._generated import registry as generated
