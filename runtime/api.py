@@ -92,6 +92,13 @@ class _Captured:
     explanation: Explanation
 
 
+@dataclass
+class _Eager:
+    """One signature run with PyTorch as it is (inputs native code can't take)."""
+
+    explanation: Explanation
+
+
 class CompiledFunction:
     """Native code for a function or module; recompiles when the input signature changes.
 
@@ -104,7 +111,7 @@ class CompiledFunction:
         self.fn = fn
         self.options = Options(opt, fallback, min_region_ops)
         self.lock = threading.Lock()
-        self.compiled: dict[Signature, _Captured | None] = {}  # None: runs through self._dynamo
+        self.compiled: dict[Signature, _Captured | _Eager | None] = {}  # None: runs through self._dynamo
         self._dynamo: Callable[..., Any] | None = None
         self._dynamo_explanation = Explanation()
 
@@ -112,7 +119,7 @@ class CompiledFunction:
     def opt(self) -> str:
         return self.options.opt
 
-    def prepare(self, *args: Any, **kwargs: Any) -> _Captured | None:
+    def prepare(self, *args: Any, **kwargs: Any) -> _Captured | _Eager | None:
         """Capture and compile for these inputs (or reuse what was compiled for their signature).
 
         None when the function has graph breaks: then it compiles graph by graph on its first call."""
@@ -121,7 +128,12 @@ class CompiledFunction:
             if key in self.compiled:
                 return self.compiled[key]
         if not isinstance(self.fn, torch.export.ExportedProgram):
-            _check_call(self.fn, args, kwargs)
+            try:
+                _check_call(self.fn, args, kwargs)
+            except InputMismatch as err:
+                if self.options.fallback == "error" or "strided CPU tensors" not in str(err):
+                    raise
+                return self._eagerly(key, str(err))
         try:
             captured = _capture(self.fn, args, kwargs)
         except Unsupported as err:
@@ -131,6 +143,14 @@ class CompiledFunction:
             hit = None
         else:
             hit = _Captured(captured, *compile_graph(captured.gm, self.options))
+        with self.lock:
+            self.compiled[key] = hit
+        return hit
+
+    def _eagerly(self, key: Signature, reason: str) -> _Eager:
+        """Inputs native code can't take (sparse, not on the CPU): the function runs with PyTorch."""
+        hit = _Eager(Explanation(notes=[f"runs eagerly: {reason}"]))
+        warn_fallbacks(hit.explanation)
         with self.lock:
             self.compiled[key] = hit
         return hit
@@ -172,6 +192,8 @@ class CompiledFunction:
         if hit is None:
             assert self._dynamo is not None
             return self._dynamo(*args, **kwargs)
+        if isinstance(hit, _Eager):
+            return self.fn(*args, **kwargs)
         flat = self._flat_tensors(args, kwargs, hit.captured)
         with torch.no_grad():
             outputs = hit.run(*hit.captured.params, *flat)
@@ -185,11 +207,11 @@ class CompiledFunction:
         # Strides and storage offset too: as_strided reads the storage beneath an input.
         first: dict[int, int] = {}
         if not kwargs and all(isinstance(x, torch.Tensor) for x in args):  # the common case, without pytree
-            return ("tensors", tuple((x.shape, x.dtype, x.device.type, first.setdefault(id(x), i), x.stride(),
-                                      x.storage_offset()) for i, x in enumerate(args)))
+            return ("tensors", tuple((x.shape, x.dtype, x.device.type, first.setdefault(id(x), i), *_layout(x))
+                                     for i, x in enumerate(args)))
         leaves, spec = pytree.tree_flatten((args, kwargs))
-        sig = tuple((tuple(x.shape), x.dtype, x.device.type, first.setdefault(id(x), i), x.stride(),
-                     x.storage_offset()) if isinstance(x, torch.Tensor) else (type(x), x) for i, x in enumerate(leaves))
+        sig = tuple((tuple(x.shape), x.dtype, x.device.type, first.setdefault(id(x), i), *_layout(x))
+                    if isinstance(x, torch.Tensor) else (type(x), x) for i, x in enumerate(leaves))
         return (spec, sig)
 
     def _flat_tensors(self, args: tuple, kwargs: dict, captured: Captured) -> list[torch.Tensor] | tuple:
@@ -199,6 +221,12 @@ class CompiledFunction:
         if spec != captured.in_spec:
             raise InputMismatch(f"arguments are structured as {spec}, compiled for {captured.in_spec}")
         return [x for x in leaves if isinstance(x, torch.Tensor)]
+
+
+def _layout(x: torch.Tensor) -> tuple[Any, ...]:
+    """Strides and storage offset of a strided tensor (as_strided reads the storage beneath an
+    input), the layout of another."""
+    return (x.stride(), x.storage_offset()) if x.layout is torch.strided else (x.layout,)
 
 
 def _check_call(fn: Callable | torch.nn.Module, args: tuple, kwargs: dict) -> None:

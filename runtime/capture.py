@@ -426,7 +426,8 @@ def _tensor_outputs_only(gm: fx.GraphModule, out_spec: pytree.TreeSpec) -> pytre
 
 def _wrap_constants(tree: Any) -> Any:
     """`tree` with each non-tensor leaf wrapped so that flattening keeps it in the spec."""
-    return pytree.tree_map(lambda x: x if isinstance(x, torch.Tensor) else _Constant(x), tree)
+    return pytree.tree_map(lambda x: x if isinstance(x, torch.Tensor) else _Constant(x), tree,
+                           is_leaf=lambda x: isinstance(x, torch.Size))  # a Size stays a Size
 
 
 def _where(node: fx.Node) -> str:

@@ -191,7 +191,14 @@ def test_wrong_arguments_raise_input_mismatch(compiled_foo: torchtosa.CompiledFu
     with pytest.raises(InputMismatch, match="too many positional arguments"):
         compiled_foo(x, y, x)
     with pytest.raises(InputMismatch, match="meta"):
-        compiled_foo(x.to("meta"), y.to("meta"))
+        torchtosa.compile(foo, **STRICT)(x.to("meta"), y.to("meta"))
+    # by default, inputs native code can't take (meta, sparse) run the function with PyTorch
+    with pytest.warns(torchtosa.FallbackWarning, match="runs eagerly: tensor input 0 is on meta"):
+        got = compiled_foo(x.to("meta"), y.to("meta"))
+    assert got.device.type == "meta" and got.shape == x.shape
+    sparse = x.to_sparse()
+    with pytest.warns(torchtosa.FallbackWarning, match="sparse_coo"):
+        torch.testing.assert_close(compiled_foo(sparse, y), foo(sparse, y))
     # the native code of one signature checks count, shape, dtype and device before running
     native = compiled_foo.prepare(x, y).run
     for args in [(x,), (x, y, y), (torch.randn(11), y), (x.double(), y), (x.to("meta"), y), (x, 1.0),

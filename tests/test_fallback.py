@@ -272,3 +272,11 @@ def test_graph_breaks_compile_graph_by_graph() -> None:
         c = torchtosa.compile(fn, x)
     torch.testing.assert_close(c(x), fn(x))
     assert regions(c.explain()).count("native") == 2
+
+
+def test_size_outputs_stay_sizes() -> None:
+    """A torch.Size in the output comes back as a torch.Size, not a tuple (found by the corpus)."""
+    x = torch.randn(2, 3)
+    got = torchtosa.compile(lambda a: (a + 1, a.shape), x)(x)
+    assert type(got[1]) is torch.Size and got[1] == x.shape
+    assert type(torchtosa.compile(lambda: torch.broadcast_shapes((2, 1), (1, 3)))()) is torch.Size
