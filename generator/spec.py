@@ -308,7 +308,11 @@ def _torch_overload(name: Located) -> Any:
     if len(parts) != 3 or parts[0] not in NAMESPACES:
         raise name.error("an entry's key is aten.<op>.<overload> (or prims.<op>.<overload>), e.g. aten.add.Tensor")
     ns = parts[0]
-    packet = getattr(getattr(torch.ops, ns), parts[1], None) if not parts[1].startswith("_" * 2) else None
+    # a dunder name (aten.__lshift__) is looked up only if torch registers that op, so that
+    # Python's own attributes of the namespace object (__class__, __dict__) are never reached
+    registered = not parts[1].startswith("_" * 2) or any(
+        n.split(".")[0] == f"{ns}::{parts[1]}" for n in torch._C._dispatch_get_all_op_names())
+    packet = getattr(getattr(torch.ops, ns), parts[1], None) if registered else None
     if not isinstance(packet, torch._ops.OpOverloadPacket):
         names = torch._C._dispatch_get_all_op_names()
         known = {n.split("::", 1)[1].split(".")[0] for n in names if n.startswith(f"{ns}::")}

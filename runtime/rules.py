@@ -690,3 +690,11 @@ def pad_to(shape: Sequence[int], target: Sequence[int]) -> list[int]:
     """tosa.pad's padding list that grows `shape` to `target` at the high end of every dim:
     [0, target[0] - shape[0], 0, target[1] - shape[1], ...]."""
     return [x for s, t in builtins.zip(shape, target) for x in (0, t - s)]
+# ---- added by distances (pdist)
+
+
+def triu_pairs(n: int) -> list[list[int]]:
+    """[rows, cols] of the pairs (i, j) with i < j < n in row-major order (0,1), (0,2), ...,
+    (1,2), ...: the strict upper triangle of an n x n matrix, in pdist's output order."""
+    pairs = [(i, j) for i in builtins.range(n) for j in builtins.range(i + 1, n)]
+    return [[i for i, _ in pairs], [j for _, j in pairs]]

@@ -307,6 +307,34 @@ def test_eager_table_names_real_overloads_without_entries(opdefs: Path) -> None:
         check_message(str(err.value), eager, line, col, hint)
 
 
+DUNDER = """\
+aten.__lshift__.Scalar:
+  schema: __lshift__.Scalar(Tensor self, Scalar other) -> Tensor
+  shape: self.shape
+  dtype: self.dtype
+  emit:
+    - "c = tosa.const() {values: other, dtype: self.dtype}"
+    - "out = tosa.logical_left_shift(self, c)"
+  samples:
+    - {self: "i32[2, 3]", other: 2}
+"""
+
+
+def test_dunder_entry_loads_when_torch_registers_it(opdefs: Path) -> None:
+    """aten.__lshift__ (what `x << y` captures as) is a registered op: its entry loads and
+    renders; a dunder name torch does not register (__class__) stays an unknown op."""
+    (opdefs / "fam.yaml").write_text(DUNDER)
+    _, entries = load_specs(opdefs)
+    (e,) = entries
+    assert (e.op, [a.name for a in e.args]) == ("aten.__lshift__.Scalar", ["self", "other"])
+    fn = load_generated(render_family(entries, "fam.yaml"), "aten___lshift___Scalar")
+    assert fn(None, Desc((2, 3), torch.int32), 2) == [((2, 3), torch.int32)]
+    spec_error(opdefs, DUNDER.replace("aten.__lshift__.Scalar:", "‸aten.__lshift__.Scalr:"),
+               "aten.__lshift__ has no overload 'Scalr'", "Scalar")
+    spec_error(opdefs, DUNDER.replace("aten.__lshift__.Scalar:", "‸aten.__dict__.Scalar:"),
+               "torch has no op aten.__dict__")
+
+
 def test_family_file_names_are_module_names(opdefs: Path) -> None:
     path = opdefs / "bad-name.yaml"
     path.write_text(GOOD)

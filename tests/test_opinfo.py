@@ -83,6 +83,8 @@ ALIASES = {
     "batch_norm": "_native_batch_norm_legit_no_training", "adaptive_avg_pool2d": "_adaptive_avg_pool2d",
     "matmul": "mm", "transpose": "permute", "t": "permute", "reshape": "view", "flatten": "view",
     "stack": "cat", "zeros_like": "full_like", "ones_like": "full_like", "clone": "clone",
+    "cdist": "_cdist_forward", "nn.functional.pdist": "_pdist_forward",
+    "nn.functional.embedding_bag": "_embedding_bag_forward_only",
 }
 
 
