@@ -280,3 +280,16 @@ def test_size_outputs_stay_sizes() -> None:
     got = torchtosa.compile(lambda a: (a + 1, a.shape), x)(x)
     assert type(got[1]) is torch.Size and got[1] == x.shape
     assert type(torchtosa.compile(lambda: torch.broadcast_shapes((2, 1), (1, 3)))()) is torch.Size
+
+
+def test_ops_left_to_pytorch_say_why_from_the_eager_table() -> None:
+    """opdefs/eager.yaml's reason reaches explain(): random ops follow torch's generator."""
+
+    def noisy(a: torch.Tensor) -> torch.Tensor:
+        return (a * 2 + 1) * (torch.rand(3) * 0 + 1)
+
+    x = torch.randn(3)
+    with pytest.warns(FallbackWarning, match=r"aten\.rand\.default \(no mapping: random values"):
+        c = torchtosa.compile(noisy, x)
+    torch.testing.assert_close(c(x), x * 2 + 1)
+    assert "opdefs/eager.yaml:" in eager_ops(c.explain())["aten.rand.default"]
