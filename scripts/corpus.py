@@ -46,6 +46,8 @@ DTYPES = [torch.float32, torch.float64, torch.int64, torch.int32, torch.bool, to
           torch.uint8, torch.int8, torch.int16, torch.complex64]
 
 Program = tuple[str, str, Callable[..., Any], tuple[Any, ...]]  # (source, name, fn, inputs)
+# factories whose values are uninitialized: only shapes and dtypes are compared
+UNINITIALIZED = ("empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided")
 
 
 def _load(path: Path, name: str) -> Any:
@@ -83,7 +85,15 @@ def opinfo_programs() -> Iterator[Program]:
             inp, args, kwargs = pytree.tree_unflatten(new, spec)
             return o.op(inp, *args, **kwargs)
 
+        if o.name in UNINITIALIZED:
+            fn = _shape_and_dtype(fn)
         yield "OpInfo", f"{name} ({str(dtype).removeprefix('torch.')})", fn, tuple(leaves[i] for i in idx)
+
+
+def _shape_and_dtype(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` whose tensor results are replaced by zeros of their shape and dtype."""
+    return lambda *args: pytree.tree_map(lambda t: torch.zeros_like(t) if isinstance(t, torch.Tensor) else t,
+                                         fn(*args))
 
 
 def module_programs() -> Iterator[Program]:
@@ -164,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="only programs whose name contains this")
     parser.add_argument("--limit", type=int, default=0, help="at most this many programs per source")
     args = parser.parse_args(argv)
-    results: dict[str, dict[str, Any]] = {}
+    # with --only, the other programs' results are kept
+    results: dict[str, dict[str, Any]] = json.loads(OUT.read_text())["programs"] if args.only and OUT.exists() else {}
     start = time.perf_counter()
     for source in (model_programs, module_programs, opinfo_programs):
         count = 0
@@ -181,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{time.perf_counter() - start:6.0f}s] {kind:10s} {name:50s} {outcome:7s} "
                   f"{time.perf_counter() - t0:5.1f}s {detail[:80]}", flush=True)
     counts = collections.Counter((k.split(":")[0], r["outcome"]) for k, r in results.items())
+    results = dict(sorted(results.items()))
     OUT.write_text(json.dumps({"torch": torch.__version__, "programs": results}, indent=1, sort_keys=True) + "\n")
     print(dict(counts))
     print(f"wrote {OUT.relative_to(ROOT)}")
