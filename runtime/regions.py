@@ -105,14 +105,14 @@ def split(gm: fx.GraphModule, compile_region: CompileRegion,
           min_ops: int) -> tuple[Callable[..., Any], Explanation]:
     """A callable running `gm` (its flat outputs as a sequence) with its supported regions
     as native code, and what runs where."""
+    checked = {n.name: unsupported_reason(n) for n in gm.graph.nodes
+               if n.op == "call_function" and n.target is not operator.getitem}
+    for src, copy in in_place_writes(gm).items():
+        checked[src.name] = f"writes into input {copy.args[0].name} in place"
     forced: dict[str, str] = {}  # node -> reason, for nodes the importer rejected
     while True:
-        reasons = {n.name: forced.get(n.name) or unsupported_reason(n) for n in gm.graph.nodes
-                   if n.op == "call_function" and n.target is not operator.getitem}
-        for src, copy in in_place_writes(gm).items():
-            reasons[src.name] = f"writes into input {copy.args[0].name} in place"
-        try:
-            return _attempt(gm, reasons, compile_region, min_ops)
+        try:  # _attempt adds reasons of its own (small regions): a fresh dict each time
+            return _attempt(gm, {**checked, **forced}, compile_region, min_ops)
         except TorchTosaError as err:
             node = getattr(err, "node", None)
             if node is None or node in forced:

@@ -37,11 +37,12 @@ def schema_arguments(node: fx.Node) -> Iterator[tuple[Any, Any]]:
 
 
 def describe(value: Any, schema_arg: Any) -> Any:
-    """An argument as a check-only lowering takes it: nodes as value-less Tensors."""
+    """An argument as a check-only lowering takes it: nodes as value-less Tensors
+    (`_NotNative` with the reason if a node's value cannot cross into native code)."""
     if isinstance(value, fx.Node):
         val = value.meta.get("val")
-        if not isinstance(val, torch.Tensor):
-            raise _NotNative(f"argument {schema_arg.name} is a {type(val).__name__} computed at run time")
+        if (reason := tensor_reason(val, f"argument {schema_arg.name}")) is not None:
+            raise _NotNative(reason)
         return Tensor(None, tuple(val.shape), val.dtype, layout=storage_layout(val))  # type: ignore[arg-type]
     if isinstance(value, (list, tuple)):
         return [describe(v, schema_arg) for v in value]
@@ -100,10 +101,6 @@ def unsupported_reason(node: fx.Node) -> str | None:
         args = [describe(value, arg) for value, arg in schema_arguments(node)]
     except _NotNative as err:
         return str(err)
-    for value, arg in schema_arguments(node):
-        for v in value if isinstance(value, (list, tuple)) else [value]:
-            if isinstance(v, fx.Node) and (reason := tensor_reason(v.meta.get("val"), f"argument {arg.name}")):
-                return reason
     reasons = []
     for entry in entries:
         try:
