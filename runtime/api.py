@@ -21,6 +21,7 @@ from .execute import NativeFunction, TensorSpec
 from .importer import Program, import_graph
 from .options import MIN_REGION_OPS, Options
 from .regions import Explanation, NativeRegion, all_native, split, warn_fallbacks
+from .symbolic import evaluator, symbol_sources
 
 Signature = tuple[Any, ...]
 
@@ -29,23 +30,47 @@ def _signature(tensors: list[torch.Tensor]) -> tuple[TensorSpec, ...]:
     return tuple(TensorSpec(tuple(t.shape), t.dtype) for t in tensors)
 
 
+class GraphFunction:
+    """Native code called with a graph's arguments: the tensors go to native code, the sizes
+    (symbolic ints torch.compile passes) are read from the tensors' shapes instead. Graph
+    outputs that are sizes are computed from the input shapes."""
+
+    def __init__(self, native: NativeFunction, program: Program, count: int) -> None:
+        self.native = native
+        self.arguments = None if program.arguments == list(range(count)) else program.arguments
+        self.sizes = [(i, evaluator(e)) for i, e in program.sizes]
+        sources = symbol_sources([s.shape for s in program.inputs])
+        self.sources = [(sym, b.arg, b.dim) for sym, b in sources.items()]
+
+    def __call__(self, *args: Any) -> list[Any]:
+        tensors = args if self.arguments is None else [args[i] for i in self.arguments]
+        results = self.native(*tensors)
+        if self.sizes:
+            values = {sym: tensors[i].shape[d] for sym, i, d in self.sources}
+            for i, fn in self.sizes:
+                results.insert(i, fn(values))
+        return results
+
+
 class _Cache:
     """Native code keyed by graph and input signature: compiling a model twice reuses it."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.entries: dict[tuple[str, tuple[TensorSpec, ...], str], tuple[Program, NativeFunction]] = {}
+        self.entries: dict[tuple[Any, ...], tuple[Program, GraphFunction]] = {}
 
-    def get(self, gm: torch.fx.GraphModule, opt: str) -> tuple[Program, NativeFunction]:
+    def get(self, gm: torch.fx.GraphModule, opt: str) -> tuple[Program, GraphFunction]:
         program = import_graph(gm)
-        key = (str(program.module), tuple(program.inputs), opt)
+        key = (str(program.module), tuple(program.inputs), tuple(program.outputs), tuple(program.arguments),
+               tuple(program.ranges.items()), tuple(program.sizes), opt)
         with self.lock:
             hit = self.entries.get(key)
         if hit is not None:
             return hit
-        native = NativeFunction(program.module, program.inputs, program.outputs, opt=opt)
+        native = NativeFunction(program.module, program.inputs, program.outputs, opt=opt, ranges=program.ranges)
+        run = GraphFunction(native, program, len(gm.graph.find_nodes(op="placeholder")))
         with self.lock:
-            return self.entries.setdefault(key, (program, native))
+            return self.entries.setdefault(key, (program, run))
 
     def clear(self) -> None:
         with self.lock:
@@ -277,13 +302,27 @@ def explain(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
 
 def _compile_captured(captured: Captured, options: Options,
                       sink: Callable[[Explanation], None] | None = None) -> Callable[..., Any]:
-    placeholders = [n.meta.get("val") for n in captured.gm.graph.find_nodes(op="placeholder")]
-    if any(not isinstance(v, torch.Tensor) or has_free_symbols(v) for v in placeholders):
-        return _Specializing(captured.gm, options, sink)  # torch.compile made sizes dynamic
-    run, explanation = compile_graph(captured.gm, options)
+    """Compile a torch.compile graph once, symbolic sizes included (they stay `?` in the TOSA
+    and are read from the tensors at run time). With fallback="error", a graph some op of which
+    can't take a symbolic size is compiled per concrete shape instead (and says so)."""
+    try:
+        run, explanation = compile_graph(captured.gm, options)
+    except Unsupported as err:
+        if options.fallback != "error" or not _symbolic(captured.gm):
+            raise
+        note = f"sizes specialised per call: {str(err).splitlines()[0]}"
+        if sink is not None:
+            sink(Explanation(notes=[note]))
+        return _Specializing(captured.gm, options, sink)
     if sink is not None:
         sink(explanation)
     return run
+
+
+def _symbolic(gm: torch.fx.GraphModule) -> bool:
+    """Whether a graph has symbolic sizes (torch.compile's dynamic shapes)."""
+    placeholders = [n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")]
+    return any(not isinstance(v, torch.Tensor) or has_free_symbols(v) for v in placeholders)
 
 
 class _Specializing:
@@ -305,8 +344,11 @@ class _Specializing:
                     if isinstance(a, torch.Tensor) else a for a in args)
         run = self.natives.get(key)
         if run is None:
-            run = self.natives.setdefault(key, _compile_captured(
-                Captured(_static_graph(self.gm, args), [], [], None, None), self.options, self.sink))
+            static = _static_graph(self.gm, args)
+            compiled, explanation = compile_graph(static, self.options)
+            if self.sink is not None:
+                self.sink(explanation)
+            run = self.natives.setdefault(key, compiled)
         return run(*[a for a in args if isinstance(a, torch.Tensor)])
 
 

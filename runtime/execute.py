@@ -18,12 +18,14 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import sympy
 import torch
 from mlir import ir
 from mlir.execution_engine import ExecutionEngine
 
 from .errors import CompileError, InputMismatch, Unsupported
 from .pipeline import Scratch, lower
+from .symbolic import Bound, Size, evaluator, free_symbols, symbol_sources
 
 # Element type of each supported dtype at the boundary, as the TOSA builder
 # (tosa.py) types it; bool is a byte holding 0 or 1.
@@ -48,23 +50,28 @@ _WORD = ctypes.sizeof(ctypes.c_uint64)
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """Static shape and dtype of one tensor crossing the native boundary."""
+    """Shape and dtype of one tensor crossing the native boundary. A dim is an int or, for a
+    size known at run time only, a sympy expression of the graph's size symbols (`?` in MLIR)."""
 
-    shape: tuple[int, ...]
+    shape: tuple[Size, ...]
     dtype: torch.dtype
 
     def __post_init__(self) -> None:
-        shape = tuple(operator.index(d) for d in self.shape)
-        if any(d < 0 for d in shape):
-            raise Unsupported(f"only static shapes are supported, got {self.shape}")
+        shape = tuple(d if isinstance(d, sympy.Expr) and not d.is_Integer else operator.index(d) for d in self.shape)
+        if any(isinstance(d, int) and d < 0 for d in shape):
+            raise Unsupported(f"a tensor can't have the negative shape {list(self.shape)}")
         object.__setattr__(self, "shape", shape)
         if self.dtype not in _ELEMENT_TYPES:
             supported = ", ".join(str(d) for d in _ELEMENT_TYPES)
             raise Unsupported(f"dtype {self.dtype} is not supported (supported: {supported})")
 
+    @property
+    def static(self) -> bool:
+        return all(isinstance(d, int) for d in self.shape)
+
     def mlir_type_str(self) -> str:
-        """The MLIR tensor type: "tensor<4x3xf32>"; bool is i8; rank 0 is "tensor<f32>"."""
-        dims = "".join(f"{d}x" for d in self.shape)
+        """The MLIR tensor type: "tensor<4x?xf32>"; bool is i8; rank 0 is "tensor<f32>"."""
+        dims = "".join(f"{d}x" if isinstance(d, int) else "?x" for d in self.shape)
         return f"tensor<{dims}{_ELEMENT_TYPES[self.dtype]}>"
 
 
@@ -78,13 +85,15 @@ class NativeFunction:
         outputs: Sequence[TensorSpec],
         name: str = "forward",
         opt: str = "default",
+        ranges: dict[sympy.Symbol, tuple[int, int | None]] | None = None,
     ) -> None:
         """Lower a clone of `module` (which stays untouched) and JIT `@name`.
 
         `module` holds `func.func @name` taking and returning tensors of types
         `inputs` and `outputs` (see TensorSpec.mlir_type_str). Raises
         CompileError if the signature differs or lowering or the JIT fails.
-        `opt` names the lowering (`pipeline.OPT_LEVELS`).
+        `opt` names the lowering (`pipeline.OPT_LEVELS`). A symbolic dim of the specs is `?` in
+        the module; its value comes from the inputs at each call (within `ranges`, per symbol).
         """
         self.inputs = tuple(inputs)
         self.outputs = tuple(outputs)
@@ -100,11 +109,17 @@ class NativeFunction:
         self._fn = _PACKED(address)
         self._layout = _FrameLayout([s.shape for s in self.inputs + self.outputs], scratch)
         self._free_frames: list[_Frame] = []
-        self._checks = [(torch.Size(s.shape), s.dtype) for s in self.inputs]
-        self._results = [(s.shape, s.dtype) for s in self.outputs]
+        self.dynamic = not all(s.static for s in self.inputs + self.outputs)
+        if self.dynamic:
+            self._sizes = _SizeRules(self.inputs, self.outputs, ranges or {})
+        else:
+            self._checks = [(torch.Size(s.shape), s.dtype) for s in self.inputs]
+            self._results = [(s.shape, s.dtype) for s in self.outputs]
 
     def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
         """Run on `args`, all checked before native code runs; return new output tensors."""
+        if self.dynamic:
+            return self._call_dynamic(args)
         if len(args) != len(self._checks):
             raise InputMismatch(f"@{self.name} takes {len(self._checks)} tensors, got {len(args)}")
         tensors = []
@@ -134,6 +149,66 @@ class NativeFunction:
         self._free_frames.append(frame)
         return results
 
+    def _call_dynamic(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """A call with sizes known at run time: the descriptors get each tensor's sizes too."""
+        if len(args) != len(self.inputs):
+            raise InputMismatch(f"@{self.name} takes {len(self.inputs)} tensors, got {len(args)}")
+        for i, (t, spec) in enumerate(zip(args, self.inputs, strict=True)):
+            if not (isinstance(t, torch.Tensor) and t.dtype is spec.dtype and t.dim() == len(spec.shape)
+                    and t.is_cpu and t.layout is torch.strided):
+                raise InputMismatch(_mismatch(i, t, spec))
+        shapes = self._sizes.output_shapes(args)
+        tensors = [t if t.is_contiguous() else t.contiguous() for t in args]
+        results = [torch.empty(shape, dtype=spec.dtype) for shape, spec in zip(shapes, self.outputs, strict=True)]
+        tensors += results
+        try:
+            frame = self._free_frames.pop()
+        except IndexError:
+            frame = self._layout.new_frame()
+        words = frame.words
+        for index, t in zip(frame.descriptors, tensors, strict=True):
+            words[index] = words[index + 1] = t.data_ptr()
+            rank = t.dim()
+            if rank:
+                words[index + 3:index + 3 + rank] = list(t.shape)
+                words[index + 3 + rank:index + 3 + 2 * rank] = _contiguous_strides(tuple(t.shape))
+        self._fn(frame.args)
+        self._free_frames.append(frame)
+        return results
+
+
+class _SizeRules:
+    """Run-time sizes of a function with symbolic dims: each symbol read from the first input dim
+    that is exactly it, every other input dim checked against its expression and each symbol
+    against its range, the output shapes computed from the symbols."""
+
+    def __init__(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
+                 ranges: dict[sympy.Symbol, tuple[int, int | None]]) -> None:
+        self.inputs = inputs
+        sources = symbol_sources([s.shape for s in inputs])
+        missing = free_symbols([s.shape for s in (*inputs, *outputs)]) - set(sources)
+        if missing:
+            names = ", ".join(sorted(map(str, missing)))
+            raise Unsupported(f"the sizes {names} are not dims of any tensor input, so native code can't read them")
+        self.sources = [(sym, b.arg, b.dim) for sym, b in sources.items()]
+        self.ranges = [(sym, *ranges[sym]) for sym in sources if sym in ranges]
+        self.checks = [(i, d, evaluator(s)) for i, spec in enumerate(inputs) for d, s in enumerate(spec.shape)
+                       if not (isinstance(s, sympy.Symbol) and sources[s] == Bound(i, d))]
+        self.outputs = [[evaluator(s) for s in spec.shape] for spec in outputs]
+
+    def output_shapes(self, args: Sequence[torch.Tensor]) -> list[list[int]]:
+        values = {sym: args[i].shape[d] for sym, i, d in self.sources}
+        for i, d, fn in self.checks:
+            if args[i].shape[d] != fn(values):
+                raise InputMismatch(_mismatch(i, args[i], self.inputs[i]) + f" (dim {d} must be {fn(values)})")
+        for sym, low, high in self.ranges:
+            v = values[sym]
+            if v < low or (high is not None and v > high):
+                upper = "" if high is None else f", at most {high}"
+                raise InputMismatch(f"size {sym} = {v} is outside the range this code was compiled for "
+                                    f"(at least {low}{upper})")
+        return [[fn(values) for fn in shape] for shape in self.outputs]
+
 
 class _Frame:
     """Argument memory of one call: descriptors, pointers to them, then the packed args.
@@ -160,7 +235,8 @@ class _FrameLayout:
         all_shapes = [*shapes, *(shape for shape, _ in self._scratch)]
         for shape in all_shapes:
             self._descriptors.append(len(self._template))
-            self._template += [0, 0, 0, *shape, *_contiguous_strides(shape)]
+            static = tuple(d if isinstance(d, int) else 0 for d in shape)  # dynamic ones are set per call
+            self._template += [0, 0, 0, *static, *_contiguous_strides(static)]
         self._n_tensors = len(shapes)
         self._type = ctypes.c_uint64 * (len(self._template) + 2 * len(all_shapes))
 
@@ -186,7 +262,8 @@ def _contiguous_strides(shape: tuple[int, ...]) -> list[int]:
 
 
 def _mismatch(i: int, t: object, spec: TensorSpec) -> str:
-    expected = f"a strided CPU tensor of shape {list(spec.shape)} and dtype {spec.dtype}"
+    shape = "[" + ", ".join(map(str, spec.shape)) + "]"
+    expected = f"a strided CPU tensor of shape {shape} and dtype {spec.dtype}"
     if not isinstance(t, torch.Tensor):
         return f"argument {i}: expected {expected}, got {type(t).__name__}"
     got = f"shape {list(t.shape)}, dtype {t.dtype}, device {t.device}, layout {t.layout}"

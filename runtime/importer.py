@@ -15,11 +15,14 @@ from mlir import ir
 from mlir.dialects import func
 from mlir.passmanager import PassManager
 
+from . import symbolic
 from .errors import InvalidInput, LoweringError, TorchTosaError, Unsupported
 from .execute import TensorSpec
 from .registry import registry
 from .support import schema_arguments, used_results
 from .tosa import Builder, Tensor, storage_layout, tensor_type
+
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n\s*(?P<code>.*)')
 
@@ -34,6 +37,13 @@ class Program:
     outputs: list[TensorSpec]
     served: Counter = field(default_factory=Counter)  # (aten op, registry) -> nodes lowered
     name: str = "forward"
+    # positions of the graph's placeholders that are the function's arguments (the others are
+    # sizes: symbolic ints the native code reads from its tensors' shapes)
+    arguments: list[int] = field(default_factory=list)
+    # the values each size symbol may take: (low, high or None)
+    ranges: dict[Any, tuple[int, int | None]] = field(default_factory=dict)
+    # graph outputs that are sizes, not tensors: (position among the outputs, value)
+    sizes: list[tuple[int, Any]] = field(default_factory=list)
 
     def __str__(self) -> str:
         return str(self.module)
@@ -70,21 +80,22 @@ def _location(node: torch.fx.Node) -> ir.Location:
 
 def _spec(val: Any, node: torch.fx.Node) -> TensorSpec:
     if not isinstance(val, torch.Tensor):
-        raise Unsupported(f"{node.name} is a {type(val).__name__}, not a tensor ({where(node)}); "
-                          "only static-shape tensor programs are supported")
-    if any(not isinstance(s, int) for s in val.shape):
-        raise Unsupported(f"{node.name} has a dynamic shape {tuple(val.shape)} ({where(node)}); "
-                          "compile with static shapes")
+        raise Unsupported(f"{node.name} is a {type(val).__name__}, not a tensor ({where(node)})")
     _nonempty(val, node)
-    return TensorSpec(tuple(val.shape), val.dtype)
+    return TensorSpec(tuple(symbolic.size(d) for d in val.shape), val.dtype)
 
 
 def _nonempty(val: Any, node: torch.fx.Node) -> None:
     """TOSA tensors have at least one element: zero-size values are Unsupported."""
     for v in val if isinstance(val, (list, tuple)) else [val]:
-        if isinstance(v, torch.Tensor) and 0 in v.shape:
+        if isinstance(v, torch.Tensor) and any(symbolic.static(d) == 0 for d in v.shape):
             raise Unsupported(f"{node.name} is an empty tensor of shape {list(v.shape)} ({where(node)}); "
                               "TOSA has no zero-size tensors")
+
+
+def _is_size(val: Any) -> bool:
+    """A symbolic or Python scalar value in the graph (a size), not a tensor."""
+    return isinstance(val, (*_SYMBOLIC, int, float, bool))
 
 
 def _with_layout(value: Any, val: Any) -> Any:
@@ -103,7 +114,9 @@ def _flat(x: Any) -> Iterator[Any]:
 
 
 def build_function(name: str, inputs: list[TensorSpec], body: Callable[[list[Tensor]], list[Tensor]]) -> Program:
-    """A module with one func.func whose body `body` emits from the arguments' tensors."""
+    """A module with one func.func whose body `body` emits from the arguments' tensors.
+
+    Inside `body`, `symbolic.current()` knows which argument dim each size symbol is."""
     context = ir.Context()
     with context, ir.Location.unknown():
         module = ir.Module.create()
@@ -111,11 +124,11 @@ def build_function(name: str, inputs: list[TensorSpec], body: Callable[[list[Ten
             fn = func.FuncOp(name, ([tensor_type(s.shape, s.dtype) for s in inputs], []))
             fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
             block = fn.add_entry_block()
-        with ir.InsertionPoint(block):
+        with ir.InsertionPoint(block), symbolic.binding(symbolic.Symbols()):
             args = [Tensor(arg, s.shape, s.dtype) for arg, s in zip(block.arguments, inputs, strict=True)]
             results = body(args)
             func.ReturnOp([t.value for t in results])
-        outputs = [TensorSpec(t.shape, t.dtype) for t in results]
+        outputs = [TensorSpec(tuple(symbolic.size(d) for d in t.shape), t.dtype) for t in results]
         fn.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
             [tensor_type(s.shape, s.dtype) for s in inputs], [tensor_type(s.shape, s.dtype) for s in outputs]))
         try:
@@ -147,17 +160,28 @@ class Importer:
         self.gm, self.name = gm, name
         self.env: dict[torch.fx.Node, Any] = {}
         self.served: Counter = Counter()
+        self.sizes: list[tuple[int, Any]] = []
 
     def run(self) -> Program:
-        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        nodes = list(self.gm.graph.find_nodes(op="placeholder"))
+        arguments = [i for i, n in enumerate(nodes) if not _is_size(n.meta.get("val"))]
+        placeholders = [nodes[i] for i in arguments]
         inputs = [_spec(n.meta.get("val"), n) for n in placeholders]
+        self.env.update((n, n.meta["val"]) for n in nodes if n not in placeholders)
 
         def body(args: list[Tensor]) -> list[Tensor]:
-            self.env.update((n, _with_layout(a, n.meta.get("val"))) for n, a in zip(placeholders, args, strict=True))
+            symbols = symbolic.current()
+            for n, a in zip(placeholders, args, strict=True):
+                val = n.meta.get("val")
+                symbols.bind(a.value, val.shape)
+                self.env[n] = _with_layout(dataclasses.replace(a, shape=tuple(val.shape)), val)
             return self.body()
 
         program = build_function(self.name, inputs, body)
         program.served = self.served
+        program.arguments = arguments
+        program.sizes = self.sizes
+        program.ranges = _ranges(program.inputs + program.outputs, placeholders)
         return program
 
     def body(self) -> list[Tensor]:
@@ -166,10 +190,12 @@ class Importer:
                 continue
             if node.op == "output":
                 outs = list(_flat(node.args[0]))
-                bad = [o for o in outs if not isinstance(self.env.get(o), Tensor)]
+                bad = [o for o in outs if not isinstance(self.env.get(o), Tensor | torch.SymInt | int)]
                 if bad:
                     raise Unsupported(f"graph output {bad[0]} is not a tensor")
-                return [self.env[o] for o in outs]
+                self.sizes = [(i, symbolic.size(self.env[o])) for i, o in enumerate(outs)
+                              if not isinstance(self.env[o], Tensor)]
+                return [self.env[o] for o in outs if isinstance(self.env[o], Tensor)]
             with _location(node):
                 try:
                     self.env[node] = _with_layout(self.node(node), node.meta.get("val"))
@@ -189,6 +215,8 @@ class Importer:
             raise Unsupported(f"{node.op} node {node.name} ({where(node)}): only aten graphs are supported")
         if node.target is operator.getitem:
             return self.env[node.args[0]][node.args[1]]
+        if isinstance(node.meta.get("val"), _SYMBOLIC):
+            return node.meta["val"]  # size arithmetic (sym_size, operator.mul...): the rules compute it
         if not isinstance(node.target, torch._ops.OpOverload):
             raise Unsupported(f"{node.target} ({where(node)}) is not an aten op; "
                               "capture with torchtosa.to_tosa to get a core ATen graph")
@@ -231,13 +259,10 @@ class Importer:
     def value(self, value: Any, node: torch.fx.Node) -> Any:
         if isinstance(value, torch.fx.Node):
             if value not in self.env:
-                raise Unsupported(f"{node.target} ({where(node)}) uses {value.name}, which has no value "
-                                  "(a symbolic size?); only static shapes are supported")
+                raise Unsupported(f"{node.target} ({where(node)}) uses {value.name}, which has no value")
             return self.env[value]
         if isinstance(value, (list, tuple)):
             return [self.value(v, node) for v in value]
-        if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
-            raise Unsupported(f"{node.target} ({where(node)}) has a symbolic argument; use static shapes")
         return value
 
     def check(self, node: torch.fx.Node, results: list[Tensor], at: str) -> None:
@@ -245,9 +270,20 @@ class Importer:
         expected = node.meta.get("val")
         vals = list(expected) if isinstance(expected, (list, tuple)) else [expected]
         for i, (t, val) in enumerate(zip(results, vals, strict=False)):
-            if isinstance(val, torch.Tensor) and (t.shape != tuple(val.shape) or t.dtype != val.dtype):
+            if isinstance(val, torch.Tensor) and (not symbolic.same_shape(t.shape, tuple(val.shape))
+                                                  or t.dtype != val.dtype):
                 raise LoweringError(f"{at}: {node.target} result {i} is {t.dtype}{list(t.shape)} but PyTorch says "
                                     f"{val.dtype}{list(val.shape)} ({where(node)})")
+
+
+def _ranges(specs: list[TensorSpec], placeholders: list[torch.fx.Node]) -> dict[Any, tuple[int, int | None]]:
+    """The range of each size symbol of `specs`, from the graph's ShapeEnv."""
+    symbols = symbolic.free_symbols([s.shape for s in specs])
+    if not symbols:
+        return {}
+    shape_env = next((d.node.shape_env for n in placeholders for d in n.meta["val"].shape
+                      if isinstance(d, torch.SymInt)), None)
+    return {sym: symbolic.value_range(sym, shape_env) for sym in sorted(symbols, key=str)}
 
 
 def import_graph(gm: torch.fx.GraphModule, name: str = "forward") -> Program:

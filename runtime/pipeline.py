@@ -126,6 +126,8 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
             continue
         if stage == "tosa-to-linalg":
             _exact_float_arith(module)
+        if stage == "fuse-before-reshapes":
+            _no_dynamic_broadcasts(module)
         if stage in ("fuse-before-reshapes", "linalg"):
             _split_boolean_producers(module)
         if stage == "bufferize":
@@ -350,6 +352,44 @@ def _generic_float_arith(found: list[ir.Operation]) -> None:
         op.erase()
 
 
+def _no_dynamic_broadcasts(module: ir.Module) -> None:
+    """Drop tosa-to-linalg's run-time broadcast of dynamic dims: `scf.if (dim == 1)` choosing
+    between an operand and its broadcast copy becomes the operand.
+
+    TOSA can't say that two `?` dims are the same size, so upstream checks at run time whether
+    one of them is 1 and copies the operand broadcast if so; the copies also stop elementwise
+    fusion. The importer knows more: every dynamic dim of an elementwise operand is the same
+    symbol as the result's (`Builder.equal_rank` checks it; torch broadcasts only static 1s in
+    a symbolic graph), so where it is 1 at run time both sides are 1 and broadcasting changes
+    nothing."""
+    found = find_ops(module, lambda op: (
+        op.name == "scf.if" and len(op.regions[1].blocks) == 1 and _is_size_one_test(op.operands[0])
+        and all(isinstance(r.type, ir.RankedTensorType) for r in op.results)))
+    for op in reversed(found):
+        else_yield = list(op.regions[1].blocks[0].operations)[-1]
+        if any(_defining_op(v) is not None and _defining_op(v).parent == op for v in else_yield.operands):
+            continue  # the else branch computes something: not a broadcast choice
+        for result, value in zip(op.results, list(else_yield.operands), strict=True):
+            result.replace_all_uses_with(value)
+        op.erase()
+
+
+def _defining_op(value: ir.Value) -> ir.Operation | None:
+    owner = value.owner
+    return owner.operation if isinstance(owner, ir.OpView | ir.Operation) else None
+
+
+def _is_size_one_test(cond: ir.Value) -> bool:
+    """Whether `cond` is `arith.cmpi eq, (tensor.dim ...), 1`."""
+    op = _defining_op(cond)
+    if op is None or op.name != "arith.cmpi" or ir.IntegerAttr(op.attributes["predicate"]).value != 0:
+        return False
+    defs = [_defining_op(v) for v in op.operands]
+    names = sorted(d.name if d is not None else "" for d in defs)
+    one = [d for d in defs if d is not None and d.name == "arith.constant"]
+    return names == ["arith.constant", "tensor.dim"] and ir.IntegerAttr(one[0].attributes["value"]).value == 1
+
+
 def _split_boolean_producers(module: ir.Module) -> None:
     """Clone each all-parallel linalg.generic with an i1 result once per extra use.
 
@@ -391,7 +431,10 @@ def _distinct_results(module: ir.Module) -> None:
         for i, value in enumerate(list(ret.operands)):
             if value in seen and isinstance(value.type, ir.RankedTensorType):
                 with ir.InsertionPoint(ret), ret.location:
-                    dest = ir.Operation.create("tensor.empty", results=[value.type]).result
+                    kind = ir.RankedTensorType(value.type)
+                    sizes = [tensor.dim(value, arith.constant(ir.IndexType.get(), i))
+                             for i in range(kind.rank) if kind.is_dynamic_dim(i)]
+                    dest = ir.Operation.create("tensor.empty", results=[value.type], operands=sizes).result
                     copy = ir.Operation.create("bufferization.materialize_in_destination",
                                                results=[value.type], operands=[value, dest])
                 ret.operands[i] = copy.result

@@ -17,6 +17,7 @@ import torch.fx as fx
 
 from .errors import TorchTosaError
 from .registry import eager_reasons, registry
+from .symbolic import same_shape, show, static
 from .tosa import Tensor, element_dtypes, storage_layout, wrapped_dtype
 
 
@@ -46,7 +47,7 @@ def describe(value: Any, schema_arg: Any) -> Any:
         return Tensor(None, tuple(val.shape), val.dtype, layout=storage_layout(val))  # type: ignore[arg-type]
     if isinstance(value, (list, tuple)):
         return [describe(v, schema_arg) for v in value]
-    if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+    if isinstance(value, torch.SymFloat | torch.SymBool):
         raise _NotNative(f"argument {schema_arg.name} is symbolic")
     if schema_arg.type.str() in ("Tensor", "Tensor?") and isinstance(value, bool | int | float):
         return Tensor(None, (), wrapped_dtype(value), wrapped=True)  # type: ignore[arg-type]
@@ -63,11 +64,9 @@ def tensor_reason(val: Any, what: str) -> str | None:
         return next((r for v in val if (r := tensor_reason(v, what)) is not None), None)
     if not isinstance(val, torch.Tensor):
         return f"{what} is a {type(val).__name__} (a Python scalar or symbolic value)"
-    if any(not isinstance(s, int) for s in val.shape):
-        return f"{what} has a symbolic shape {list(val.shape)}"
     if val.dtype not in element_dtypes():
         return f"{what} is {str(val.dtype).removeprefix('torch.')}, which has no TOSA element type"
-    if 0 in val.shape:
+    if any(static(d) == 0 for d in val.shape):
         return f"{what} is a zero-size tensor {list(val.shape)} (TOSA has no empty tensors)"
     return None
 
@@ -117,6 +116,6 @@ def unsupported_reason(node: fx.Node) -> str | None:
 def _mismatch(types: list[tuple[tuple[int, ...], torch.dtype]], val: Any) -> str | None:
     vals = list(val) if isinstance(val, (list, tuple)) else [val]
     for (shape, dtype), v in zip(types, vals, strict=False):
-        if isinstance(v, torch.Tensor) and (tuple(shape) != tuple(v.shape) or dtype != v.dtype):
-            return f"{dtype}{list(shape)} where PyTorch has {v.dtype}{list(v.shape)}"
+        if isinstance(v, torch.Tensor) and (not same_shape(tuple(shape), tuple(v.shape)) or dtype != v.dtype):
+            return f"{dtype}{show(shape)} where PyTorch has {v.dtype}{show(v.shape)}"
     return None

@@ -21,7 +21,9 @@ from typing import Any
 import torch
 from mlir import ir
 
+from . import symbolic
 from .errors import LoweringError, Unsupported
+from .symbolic import Dim, is_static, same_shape, static
 
 _ELEMENT = {
     torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
@@ -49,8 +51,18 @@ def wrapped_dtype(value: bool | int | float) -> torch.dtype:
     return torch.bool if isinstance(value, bool) else torch.int64 if isinstance(value, int) else torch.float64
 
 
-def tensor_type(shape: Sequence[int], dtype: torch.dtype, i1: bool = False) -> ir.RankedTensorType:
-    return ir.RankedTensorType.get(list(shape), element_type(dtype, i1))
+def tensor_type(shape: Sequence[Dim], dtype: torch.dtype, i1: bool = False) -> ir.RankedTensorType:
+    """The MLIR type of a tensor; a symbolic dim is `?`."""
+    return ir.RankedTensorType.get(symbolic.mlir_dims(shape), element_type(dtype, i1))
+
+
+@dataclass(frozen=True)
+class ShapeOperand:
+    """A `!tosa.shape` operand (reshape, slice, tile, pad), made into a `tosa.const_shape` when
+    the op is created. TOSA 1.0 has no symbolic shape values: an op given a symbolic one is
+    emitted in the tensor and linalg dialects instead (`Builder._dynamic`)."""
+
+    dims: tuple[Dim, ...]
 
 
 Layout = tuple[tuple[int, ...], int, int]  # (strides, storage offset, storage size), in elements
@@ -61,7 +73,7 @@ class Tensor:
     """An SSA tensor value with the shape and dtype the rules see."""
 
     value: ir.Value
-    shape: tuple[int, ...]
+    shape: tuple[Dim, ...]  # ints, and SymInts of the graph's ShapeEnv for sizes known at run time
     dtype: torch.dtype
     wrapped: bool = False  # a Python number in a Tensor slot: promotes like a scalar
     # How PyTorch stores this value, where known (graph values, from their FakeTensor; test
@@ -146,11 +158,12 @@ class Builder:
         """A catalogue check failed: the lowering at `self.where` is wrong."""
         return LoweringError(f"{self.where}: the lowering emits invalid TOSA: {message}")
 
-    def create(self, name: str, operands: Sequence[Tensor | ir.Value], attrs: dict[str, tuple[str, Any]],
-               shape: Sequence[int], dtype: torch.dtype, i1: Sequence[int] = (), i1_out: bool = False) -> Tensor:
+    def create(self, name: str, operands: Sequence[Tensor | ShapeOperand | ir.Value],
+               attrs: dict[str, tuple[str, Any]], shape: Sequence[Dim], dtype: torch.dtype,
+               i1: Sequence[int] = (), i1_out: bool = False) -> Tensor:
         """One op with one result of the given shape and dtype."""
-        shape = tuple(int(s) for s in shape)
-        if any(s < 0 for s in shape):
+        shape = tuple(_dim(s) for s in shape)
+        if any(isinstance(s, int) and s < 0 for s in shape):
             raise self.invalid(f"{name} would have the negative shape {list(shape)}")
         if name.startswith("tosa."):  # other dialects' ops (tensor.empty) may make empty tensors on purpose
             self.check_nonempty(name, [shape, *(o.shape for o in operands if isinstance(o, Tensor))])
@@ -162,10 +175,15 @@ class Builder:
             # tosa-to-linalg makes an invalid arith.truncf of a cast between the two 16-bit
             # floats; through f32 (exact) it rounds once, as torch converts them
             operands = [self.create("tosa.cast", operands, {}, operands[0].shape, torch.float32)]
+        if (any(isinstance(o, ShapeOperand) and not is_static(o.dims) for o in operands)
+                or (name == "tosa.const" and not is_static(shape))):
+            return self._dynamic(name, operands, attrs, shape, dtype)
         values = []
         for i, operand in enumerate(operands):
             if isinstance(operand, Tensor):
                 values.append(self.to_i1(operand) if i in i1 else operand.value)
+            elif isinstance(operand, ShapeOperand):
+                values.append(self._const_shape(operand.dims))
             else:
                 values.append(operand)
         result = tensor_type(shape, dtype, i1_out)
@@ -176,11 +194,94 @@ class Builder:
         out = Tensor(op.result, shape, dtype)
         return self.from_i1(out) if i1_out and dtype == torch.bool else out
 
-    def check_nonempty(self, name: str, shapes: Sequence[Sequence[int]]) -> None:
+    def _dynamic(self, name: str, operands: Sequence[Tensor | ShapeOperand | ir.Value],
+                 attrs: dict[str, tuple[str, Any]], shape: tuple[Dim, ...], dtype: torch.dtype) -> Tensor:
+        """A TOSA op whose shape operand or constant result has symbolic sizes, in the tensor and
+        linalg dialects (upstream's tosa-to-tensor makes the same ops of static ones)."""
+        if name == "tosa.reshape":
+            source, new = operands[0], operands[1].dims
+            dynamic = [i for i, d in enumerate(new) if static(d) is None]
+            if len(dynamic) == 1:  # TOSA's reshape infers one size (-1)
+                dims = [-1 if i == dynamic[0] else d for i, d in enumerate(new)]
+                op = ir.Operation.create("tosa.reshape", results=[tensor_type(shape, dtype)],
+                                         operands=[source.value, self._const_shape(dims)])
+                return Tensor(op.result, shape, dtype)
+            sizes = [self.index(d) for d in new]
+            kind = ir.RankedTensorType.get([len(new)], ir.IndexType.get())
+            spec = ir.Operation.create("tensor.from_elements", results=[kind], operands=sizes).result
+            op = ir.Operation.create("tensor.reshape", results=[tensor_type(shape, dtype)],
+                                     operands=[source.value, spec])
+            return Tensor(op.result, shape, dtype)
+        if name == "tosa.slice":
+            source, start, size = operands[0], operands[1].dims, operands[2].dims
+            return self._extract_slice(source, start, size)
+        if name == "tosa.tile":
+            source, multiples = operands[0], operands[1].dims
+            if any(static(m) != 1 and static(s) != 1 for s, m in zip(source.shape, multiples, strict=True)):
+                raise Unsupported(f"{self.where}: tosa.tile of {symbolic.show(source.shape)} by the symbolic "
+                                  f"multiples {symbolic.show(multiples)}")
+            return self.broadcast_to(source, shape)
+        if name == "tosa.const":
+            value = attrs["values"][1]
+            if isinstance(value, torch.Tensor | list | tuple) and torch.as_tensor(value).numel() != 1:
+                raise Unsupported(f"{self.where}: a constant of symbolic shape {symbolic.show(shape)} "
+                                  "that is not one value repeated")
+            one = self.create("tosa.const", [], attrs, [1] * len(shape), dtype)
+            return self.broadcast_to(one, shape)
+        raise Unsupported(f"{self.where}: {name} with the symbolic shape operand "
+                          f"{[symbolic.show(o.dims) for o in operands if isinstance(o, ShapeOperand)]}")
+
+    def index(self, d: Dim) -> ir.Value:
+        """An `index` value of a dim, read from the function's inputs at run time if symbolic."""
+        v = static(d)
+        if v is not None:
+            return ir.Operation.create("arith.constant", results=[ir.IndexType.get()],
+                                       attributes={"value": ir.IntegerAttr.get(ir.IndexType.get(), v)}).result
+        return symbolic.current().index(d)
+
+    def empty(self, shape: Sequence[Dim], dtype: torch.dtype) -> ir.Value:
+        """An uninitialized `tensor.empty` of a shape that may be symbolic."""
+        sizes = [self.index(d) for d in shape if static(d) is None]
+        return ir.Operation.create("tensor.empty", results=[tensor_type(shape, dtype)], operands=sizes).result
+
+    def broadcast_to(self, t: Tensor, shape: Sequence[Dim]) -> Tensor:
+        """`t` (same rank) repeated along its size-1 dims to `shape`, as a linalg.generic."""
+        from mlir.dialects import linalg
+
+        rank = len(shape)
+        exprs = [ir.AffineExpr.get_constant(0) if static(s) == 1 and static(d) != 1 else ir.AffineDimExpr.get(i)
+                 for i, (s, d) in enumerate(zip(t.shape, shape, strict=True))]
+        maps = [ir.AffineMap.get(rank, 0, exprs), ir.AffineMap.get_identity(rank)]
+        result = tensor_type(shape, t.dtype)
+        parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
+        generic = linalg.GenericOp([result], [t.value], [self.empty(shape, t.dtype)],
+                                   ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps]),
+                                   ir.ArrayAttr.get([parallel] * rank))
+        elem = result.element_type
+        body = generic.regions[0].blocks.append(elem, elem)
+        with ir.InsertionPoint(body):
+            linalg.YieldOp([body.arguments[0]])
+        return Tensor(generic.results[0], tuple(shape), t.dtype)
+
+    def _extract_slice(self, t: Tensor, start: Sequence[Dim], size: Sequence[Dim]) -> Tensor:
+        dynamic = ir.ShapedType.get_dynamic_size()
+        offsets = [self.index(d) for d in start if static(d) is None]
+        sizes = [self.index(d) for d in size if static(d) is None]
+        static_offsets = [dynamic if static(d) is None else static(d) for d in start]
+        static_sizes = [dynamic if static(d) is None else static(d) for d in size]
+        op = ir.Operation.create(
+            "tensor.extract_slice", results=[tensor_type(size, t.dtype)], operands=[t.value, *offsets, *sizes],
+            attributes={"static_offsets": ir.DenseI64ArrayAttr.get(static_offsets),
+                        "static_sizes": ir.DenseI64ArrayAttr.get(static_sizes),
+                        "static_strides": ir.DenseI64ArrayAttr.get([1] * len(size)),
+                        "operandSegmentSizes": ir.DenseI32ArrayAttr.get([1, len(offsets), len(sizes), 0])})
+        return Tensor(op.result, tuple(size), t.dtype)
+
+    def check_nonempty(self, name: str, shapes: Sequence[Sequence[Dim]]) -> None:
         """TOSA has no zero-size tensors: an op on one is valid PyTorch that is not lowered."""
         for shape in shapes:
-            if 0 in shape:
-                raise Unsupported(f"{self.where}: {name} on a zero-size tensor {list(shape)}: "
+            if any(static(d) == 0 for d in shape):
+                raise Unsupported(f"{self.where}: {name} on a zero-size tensor {symbolic.show(shape)}: "
                                   "TOSA has no empty tensors")
 
     def float_to_bool(self, t: Tensor) -> Tensor:
@@ -202,8 +303,11 @@ class Builder:
         op = ir.Operation.create("tosa.cast", results=[tensor_type(t.shape, t.dtype)], operands=[t.value])
         return Tensor(op.result, t.shape, t.dtype)
 
-    def const_shape(self, dims: Sequence[int]) -> ir.Value:
-        """A `!tosa.shape<n>` value for reshape, tile, slice and pad."""
+    def const_shape(self, dims: Sequence[Dim]) -> ShapeOperand:
+        """A `!tosa.shape<n>` operand for reshape, tile, slice and pad."""
+        return ShapeOperand(tuple(_dim(d) for d in dims))
+
+    def _const_shape(self, dims: Sequence[int]) -> ir.Value:
         dims = [int(d) for d in dims]
         shape_type = ir.Type.parse(f"!tosa.shape<{len(dims)}>")
         index = ir.IndexType.get()
@@ -222,9 +326,11 @@ class Builder:
     def zero_point(self, t: Tensor) -> ir.Value:
         return self.scalar(0, t.dtype)
 
-    def constant(self, value: Any, dtype: torch.dtype, shape: Sequence[int] = ()) -> Tensor:
+    def constant(self, value: Any, dtype: torch.dtype, shape: Sequence[Dim] = ()) -> Tensor:
         """A constant tensor: a scalar splat, a flat list, or a torch tensor's data."""
         self.check_nonempty("tosa.const", [shape])
+        if not is_static(shape):
+            return self.create("tosa.const", [], {"values": ("dense", value)}, shape, dtype)
         result = tensor_type(shape, dtype)
         op = ir.Operation.create("tosa.const", results=[result], attributes={"values": dense(value, result)})
         return Tensor(op.result, tuple(shape), dtype)
@@ -241,9 +347,9 @@ class Builder:
             return self.wrap_number(value)
         return value
 
-    def reshape(self, t: Tensor, shape: Sequence[int]) -> Tensor:
-        shape = tuple(int(s) for s in shape)
-        if shape == t.shape:
+    def reshape(self, t: Tensor, shape: Sequence[Dim]) -> Tensor:
+        shape = tuple(_dim(s) for s in shape)
+        if same_shape(shape, t.shape):
             return t
         return self.create("tosa.reshape", [t, self.const_shape(shape)], {}, shape, t.dtype)
 
@@ -252,18 +358,27 @@ class Builder:
         rank = max(t.rank for t in ts)
         out = [self.reshape(t, (1,) * (rank - t.rank) + t.shape) for t in ts]
         for dims in zip(*(t.shape for t in out), strict=True):
-            if len(set(dims) - {1}) > 1:  # not broadcastable: the entry's rules let a bad case through
+            sizes = [d for d in dims if static(d) != 1]
+            if any(not symbolic.same(d, sizes[0]) for d in sizes[1:]):  # the entry's rules let a bad case through
                 raise self.invalid(f"operands of shapes {[list(t.shape) for t in ts]} do not broadcast")
         return out
 
     def results(self, values: Sequence[Tensor], types: Sequence[tuple[Sequence[int], torch.dtype]]) -> list[Tensor]:
         """Check the emitted results against the entry's own shape and dtype rules."""
         for i, (t, (shape, dtype)) in enumerate(zip(values, types, strict=True)):
-            if t.shape != tuple(shape) or t.dtype != dtype:
+            if not same_shape(t.shape, tuple(shape)) or t.dtype != dtype:
                 raise self.invalid(f"result {i} is {_show(t.shape, t.dtype)} but the shape/dtype rules say "
                                    f"{_show(shape, dtype)}")
         return list(values)
 
 
-def _show(shape: Sequence[int], dtype: torch.dtype) -> str:
-    return f"{str(dtype).removeprefix('torch.')}{list(shape)}"
+def _show(shape: Sequence[Dim], dtype: torch.dtype) -> str:
+    return f"{str(dtype).removeprefix('torch.')}{symbolic.show(shape)}"
+
+
+def _dim(d: Any) -> Dim:
+    """A dim as Tensor.shape keeps it: an int, or a SymInt whose value is not known yet."""
+    if isinstance(d, torch.SymInt):
+        v = static(d)
+        return d if v is None else v
+    return int(d)

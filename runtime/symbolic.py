@@ -1,0 +1,210 @@
+"""Symbolic sizes: the SymInt dims of a graph's FakeTensors as the lowering and the native code see them.
+
+A dim is an `int` or a `torch.SymInt` of the graph's ShapeEnv. Rules compute on SymInts as on
+ints, so arithmetic stays symbolic and a comparison that needs a concrete answer adds a guard to
+the ShapeEnv (Dynamo checks those guards before it calls the compiled graph). MLIR sees a
+symbolic dim as `?`; where an op needs its value (a dynamic reshape or slice), `Symbols.index`
+emits it from `tensor.dim` of the function argument the symbol is a size of. At run time
+`SizeFunction` computes output sizes from input sizes with the same expressions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import operator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+from mlir import ir
+from mlir.dialects import arith, tensor
+from torch.utils._sympy.functions import FloorDiv, Max, Min, Mod, PythonMod
+
+from .errors import Unsupported
+
+Dim = int | torch.SymInt
+Size = int | sympy.Expr  # a dim of a TensorSpec: an int or an expression in the graph's symbols
+
+
+def expr(d: Dim) -> sympy.Expr:
+    """A dim as a sympy expression, with the ShapeEnv's replacements applied."""
+    if isinstance(d, torch.SymInt):
+        node = d.node
+        return node.shape_env.simplify(node.expr) if node.shape_env is not None else node.expr
+    return sympy.Integer(int(d))
+
+
+def static(d: Dim | sympy.Expr) -> int | None:
+    """A dim's value if it is known without a guard, else None."""
+    if isinstance(d, int):
+        return d
+    e = expr(d) if isinstance(d, torch.SymInt) else d
+    return int(e) if isinstance(e, sympy.Integer) else None
+
+
+def is_static(shape: Sequence[Dim]) -> bool:
+    return all(static(d) is not None for d in shape)
+
+
+def size(d: Dim) -> Size:
+    """A dim as a TensorSpec holds it: an int, or an expression of symbols."""
+    v = static(d)
+    return v if v is not None else expr(d)
+
+
+def mlir_dims(shape: Sequence[Dim]) -> list[int]:
+    """A shape as MLIR types take it: `?` (the dynamic size) for a symbolic dim."""
+    dynamic = ir.ShapedType.get_dynamic_size()
+    return [dynamic if (v := static(d)) is None else v for d in shape]
+
+
+def same(a: Dim, b: Dim) -> bool:
+    """Whether two dims are provably equal, without adding a guard."""
+    sa, sb = static(a), static(b)
+    if sa is not None and sb is not None:
+        return sa == sb
+    ea, eb = expr(a), expr(b)
+    return ea == eb or sympy.expand(ea - eb) == 0
+
+
+def same_shape(a: Sequence[Dim], b: Sequence[Dim]) -> bool:
+    return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+
+
+def show(shape: Sequence[Dim]) -> str:
+    return "[" + ", ".join(str(static(d) if static(d) is not None else expr(d)) for d in shape) + "]"
+
+
+# --- sizes in the IR --------------------------------------------------------------------------
+
+
+_ARITH: dict[type, Callable[[ir.Value, ir.Value], ir.Value]] = {
+    sympy.Add: lambda a, b: arith.addi(a, b),
+    sympy.Mul: lambda a, b: arith.muli(a, b),
+    Max: lambda a, b: arith.maxsi(a, b),
+    Min: lambda a, b: arith.minsi(a, b),
+}
+
+
+class Symbols:
+    """Where each symbol of a function's input shapes lives: (argument value, dim)."""
+
+    def __init__(self) -> None:
+        self.sources: dict[sympy.Symbol, tuple[ir.Value, int]] = {}
+
+    def bind(self, value: ir.Value, shape: Sequence[Dim]) -> None:
+        for i, d in enumerate(shape):
+            e = expr(d)
+            if isinstance(e, sympy.Symbol):
+                self.sources.setdefault(e, (value, i))
+
+    def index(self, d: Dim | sympy.Expr) -> ir.Value:
+        """An `index` value holding the dim at run time."""
+        return self._emit(d if isinstance(d, sympy.Expr) else expr(d))
+
+    def _emit(self, e: sympy.Expr) -> ir.Value:
+        index = ir.IndexType.get()
+        if isinstance(e, sympy.Integer):
+            return arith.constant(index, int(e))
+        if isinstance(e, sympy.Symbol):
+            if e not in self.sources:
+                raise Unsupported(f"size {e} is not a dim of any tensor input, so native code can't read it")
+            value, dim = self.sources[e]
+            return tensor.dim(value, arith.constant(index, dim))
+        if type(e) in _ARITH:
+            args = [self._emit(a) for a in e.args]
+            out = args[0]
+            for a in args[1:]:
+                out = _ARITH[type(e)](out, a)
+            return out
+        if isinstance(e, FloorDiv):
+            return arith.floordivsi(self._emit(e.args[0]), self._emit(e.args[1]))
+        if isinstance(e, Mod | PythonMod):  # sizes are not negative: remainder and modulo agree
+            return arith.remsi(self._emit(e.args[0]), self._emit(e.args[1]))
+        raise Unsupported(f"the size expression {e} has no lowering")
+
+
+_CURRENT: contextvars.ContextVar[Symbols | None] = contextvars.ContextVar("torchtosa_symbols", default=None)
+
+
+@contextlib.contextmanager
+def binding(symbols: Symbols) -> Iterator[Symbols]:
+    """Make `symbols` the one `current()` returns while a function body is emitted."""
+    token = _CURRENT.set(symbols)
+    try:
+        yield symbols
+    finally:
+        _CURRENT.reset(token)
+
+
+def current() -> Symbols:
+    symbols = _CURRENT.get()
+    if symbols is None:
+        raise Unsupported("a symbolic size outside of a function being imported")
+    return symbols
+
+
+# --- sizes at run time ------------------------------------------------------------------------
+
+
+_EVAL: dict[type, Callable[[int, int], int]] = {
+    sympy.Add: operator.add, sympy.Mul: operator.mul, Max: max, Min: min,
+    FloorDiv: operator.floordiv, Mod: operator.mod, PythonMod: operator.mod,
+}
+
+
+def evaluator(e: Size) -> Callable[[dict[sympy.Symbol, int]], int]:
+    """A function of the symbols' values computing `e`, built once (no sympy per call)."""
+    if isinstance(e, int):
+        return lambda _values, e=e: e
+    if isinstance(e, sympy.Integer):
+        return lambda _values, v=int(e): v
+    if isinstance(e, sympy.Symbol):
+        return operator.itemgetter(e)
+    if type(e) in _EVAL:
+        fn = _EVAL[type(e)]
+        parts = [evaluator(a) for a in e.args]
+
+        def apply(values: dict[sympy.Symbol, int]) -> int:
+            out = parts[0](values)
+            for p in parts[1:]:
+                out = fn(out, p(values))
+            return out
+
+        return apply
+    raise Unsupported(f"the size expression {e} can't be computed at run time")
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Where a symbol's value comes from at run time: input `arg`, dim `dim`."""
+
+    arg: int
+    dim: int
+
+
+def symbol_sources(shapes: Sequence[Sequence[Size]]) -> dict[sympy.Symbol, Bound]:
+    """The first input dim that is exactly each symbol."""
+    sources: dict[sympy.Symbol, Bound] = {}
+    for i, shape in enumerate(shapes):
+        for d, s in enumerate(shape):
+            if isinstance(s, sympy.Symbol):
+                sources.setdefault(s, Bound(i, d))
+    return sources
+
+
+def free_symbols(shapes: Sequence[Sequence[Size]]) -> set[sympy.Symbol]:
+    return {sym for shape in shapes for s in shape if isinstance(s, sympy.Expr) for sym in s.free_symbols}
+
+
+def value_range(e: sympy.Symbol, shape_env: Any) -> tuple[int, int | None]:
+    """The range of values a symbol's ShapeEnv allows: (low, high or None)."""
+    if shape_env is None or e not in shape_env.var_to_range:
+        return 0, None
+    vr = shape_env.var_to_range[e]
+    low = int(vr.lower) if isinstance(vr.lower, sympy.Integer) else 0
+    high = int(vr.upper) if isinstance(vr.upper, sympy.Integer) else None
+    return low, high
