@@ -37,7 +37,8 @@ def _rule_functions() -> dict[str, tuple[int, int]]:
     """The functions defined in runtime/rules.py, with their arities: the one list of builtins."""
     out = dict(PY_BUILTINS)
     for name, fn in vars(rule_runtime).items():
-        if inspect.isfunction(fn) and fn.__module__ == rule_runtime.__name__ and not name.startswith("_"):
+        if (inspect.isfunction(fn) and fn.__module__ == rule_runtime.__name__ and not name.startswith("_")
+                and name not in PY_BUILTINS):
             params = inspect.signature(fn).parameters.values()
             out[name] = (sum(p.default is p.empty for p in params), len(params))
     return out

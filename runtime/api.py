@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import sympy
 import torch
 import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
@@ -99,13 +100,53 @@ def _capture(fn: Any, args: tuple, kwargs: dict) -> Captured:
 
 def compile_graph(gm: torch.fx.GraphModule, options: Options) -> tuple[Callable[..., Any], Explanation]:
     """A callable running `gm` natively (with eager regions if `options.fallback == "eager"`),
-    returning its flat outputs, and what runs where."""
+    returning its flat outputs, and what runs where. Assumptions the lowering made about
+    symbolic sizes (guards it added to the graph's ShapeEnv) are checked at every call."""
+    shape_env = _shape_env(gm)
+    before = len(shape_env.guards) if shape_env is not None else 0
     if options.fallback == "error":
-        program, native = CACHE.get(gm, options.opt)
-        return native, all_native(gm, program)
-    runner, explanation = split(gm, lambda g: CACHE.get(g, options.opt), options.min_region_ops)
-    warn_fallbacks(explanation)
+        program, runner = CACHE.get(gm, options.opt)
+        explanation = all_native(gm, program)
+    else:
+        runner, explanation = split(gm, lambda g: CACHE.get(g, options.opt), options.min_region_ops)
+        warn_fallbacks(explanation)
+    if shape_env is not None and len(shape_env.guards) > before:
+        runner = Guarded(runner, [g.expr for g in shape_env.guards[before:]], gm)
     return runner, explanation
+
+
+def _shape_env(gm: torch.fx.GraphModule) -> Any:
+    for node in gm.graph.find_nodes(op="placeholder"):
+        val = node.meta.get("val")
+        for d in (val.shape if isinstance(val, torch.Tensor) else [val]):
+            if isinstance(d, torch.SymInt):
+                return d.node.shape_env
+    return None
+
+
+class Guarded:
+    """A compiled graph that checks, before each call, the guards its lowering added."""
+
+    def __init__(self, run: Callable[..., Any], guards: list[Any], gm: torch.fx.GraphModule) -> None:
+        self.run = run
+        sources: dict[Any, tuple[int, int | None]] = {}
+        for i, node in enumerate(gm.graph.find_nodes(op="placeholder")):
+            val = node.meta.get("val")
+            dims = list(enumerate(val.shape)) if isinstance(val, torch.Tensor) else [(None, val)]
+            for d, size in dims:
+                if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
+                    sources.setdefault(size.node.expr, (i, d))
+        self.sources = list(sources.items())
+        # a guard on sizes no argument carries (Dynamo checks those) is not checked here
+        self.guards = [(g, evaluator(g)) for g in guards if g.free_symbols <= set(sources)]
+
+    def __call__(self, *args: Any) -> Any:
+        values = {sym: args[i] if d is None else args[i].shape[d] for sym, (i, d) in self.sources}
+        for guard, check in self.guards:
+            if not check(values):
+                raise InputMismatch(f"the input sizes {dict(values)} break the assumption {guard} the "
+                                    "native code was compiled under; compile again for these sizes")
+        return self.run(*args)
 
 
 @dataclass
@@ -132,9 +173,10 @@ class CompiledFunction:
     runs it: each graph compiled, Python between them."""
 
     def __init__(self, fn: Callable | torch.nn.Module | torch.export.ExportedProgram, opt: str = "default",
-                 fallback: str = "eager", min_region_ops: int = MIN_REGION_OPS):
+                 fallback: str = "eager", min_region_ops: int = MIN_REGION_OPS, dynamic: bool | None = None):
         self.fn = fn
         self.options = Options(opt, fallback, min_region_ops)
+        self.dynamic = dynamic
         self.lock = threading.Lock()
         self.compiled: dict[Signature, _Captured | _Eager | None] = {}  # None: runs through self._dynamo
         self._dynamo: Callable[..., Any] | None = None
@@ -159,12 +201,20 @@ class CompiledFunction:
                 if self.options.fallback == "error" or "strided CPU tensors" not in str(err):
                     raise
                 return self._eagerly(key, str(err))
+        exported = isinstance(self.fn, torch.export.ExportedProgram)
+        if not exported and (self.dynamic or (self.dynamic is None and self._resized(key))):
+            self._through_dynamo("sizes vary: one compile with symbolic sizes serves them", warn=False,
+                                 resized=self._resized(key))
+            with self.lock:
+                self.compiled[key] = None
+            return None
         try:
             captured = _capture(self.fn, args, kwargs)
         except Unsupported as err:
-            if self.options.fallback == "error" or isinstance(self.fn, torch.export.ExportedProgram):
+            if self.options.fallback == "error" or exported:
                 raise
-            self._with_graph_breaks(err)
+            self._through_dynamo(f"not one graph ({str(err).splitlines()[0]}): compiled graph by graph, "
+                                 "as torch.compile")
             hit = None
         else:
             hit = _Captured(captured, *compile_graph(captured.gm, self.options))
@@ -180,18 +230,39 @@ class CompiledFunction:
             self.compiled[key] = hit
         return hit
 
-    def _with_graph_breaks(self, err: Unsupported) -> None:
-        """Compile through torch.compile with this function's options from now on."""
+    def _resized(self, key: Signature) -> list[tuple[int, int]]:
+        """The (input leaf, dim) pairs whose size differs from a compiled signature that has
+        the same structure as `key` (none if there is no such signature)."""
+        structure = _structure(key)
+        with self.lock:
+            same = [k for k in self.compiled if _structure(k) == structure]
+        if not same:
+            return []
+        entries, old = key[1], same[0][1]
+        return [(i, d) for i, (new, was) in enumerate(zip(entries, old, strict=True)) if len(new) > 2
+                for d, (a, b) in enumerate(zip(new[0], was[0], strict=True)) if a != b]
+
+    def _through_dynamo(self, note: str, warn: bool = True, resized: list[tuple[int, int]] = ()) -> None:
+        """Compile through torch.compile with this function's options from now on: graph by
+        graph, with symbolic sizes if `dynamic`, or, if it is None, for the `resized` dims of the
+        input leaves (then as torch.compile's automatic dynamic shapes). Sizes 0 and 1 follow
+        Dynamo's rules: a graph with symbolic sizes serves sizes of at least 2."""
         if self._dynamo is not None:
             return
-        reason = str(err).splitlines()[0]
-        self._dynamo_explanation.notes.append(f"not one graph ({reason}): compiled graph by graph, as torch.compile")
-        warn_fallbacks(self._dynamo_explanation)
+        self._dynamo_explanation.notes.append(note)
+        if warn:
+            warn_fallbacks(self._dynamo_explanation)
         backend = make_backend(functools.partial(_compile_captured, sink=self._dynamo_explanation.extend))
         compiled = torch.compile(self.fn, backend=functools.partial(backend, options=vars(self.options).copy()),
-                                 dynamic=False)
+                                 dynamic=self.dynamic)
+        pending = list(resized)
 
         def run(*args: Any, **kwargs: Any) -> Any:
+            if pending:  # the first call compiles: these dims are symbolic
+                leaves = pytree.tree_leaves((args, kwargs))
+                for i, d in pending:
+                    torch._dynamo.maybe_mark_dynamic(leaves[i], d)
+                pending.clear()
             with torch.no_grad(), mha_fastpath_disabled(), translated_dynamo_errors():
                 return compiled(*args, **kwargs)
 
@@ -248,6 +319,14 @@ class CompiledFunction:
         return [x for x in leaves if isinstance(x, torch.Tensor)]
 
 
+def _structure(key: Signature) -> Signature:
+    """A signature without its sizes: what a compile with symbolic sizes can serve."""
+    if not key:
+        return key
+    kind, entries = key
+    return kind, tuple((len(e[0]), *e[1:4]) if len(e) > 2 else e for e in entries)
+
+
 def _layout(x: torch.Tensor) -> tuple[Any, ...]:
     """Strides and storage offset of a strided tensor (as_strided reads the storage beneath an
     input), the layout of another."""
@@ -275,8 +354,15 @@ def _check_call(fn: Callable | torch.nn.Module, args: tuple, kwargs: dict) -> No
 
 def compile(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args: Any,
             opt: str = "default", fallback: str = "eager", min_region_ops: int = MIN_REGION_OPS,
-            **kwargs: Any) -> CompiledFunction:
+            dynamic: bool | None = None, **kwargs: Any) -> CompiledFunction:
     """Compile to native code through TOSA. With example inputs, compiles now; else on the first call.
+
+    `dynamic` chooses what a new input size costs, as in torch.compile: None (the default)
+    compiles the first signature for its exact sizes and, once a call's sizes differ, once more
+    with symbolic sizes for the dims that changed, serving every size after it; True compiles
+    with symbolic sizes from the first call; False compiles each signature for its sizes.
+    Sizes 0 and 1 follow TorchDynamo's rules (a symbolic size is at least 2; a call with a
+    size of 1 there compiles a graph of its own).
 
     `opt` picks the lowering (see `torchtosa.pipeline.OPT_LEVELS`): "default" tiles and vectorizes
     (one thread), "parallel" also splits large matmuls' column panels across one OpenMP thread per
@@ -285,7 +371,7 @@ def compile(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
     `min_region_ops` ops (and a function with graph breaks graph by graph); `fallback="error"`
     raises `Unsupported` instead. `explain()` on the result says what runs where.
     """
-    compiled = CompiledFunction(fn, opt, fallback, min_region_ops)
+    compiled = CompiledFunction(fn, opt, fallback, min_region_ops, dynamic)
     if args or kwargs or isinstance(fn, torch.export.ExportedProgram):
         compiled.prepare(*args, **kwargs)
     return compiled

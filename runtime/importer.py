@@ -270,7 +270,7 @@ class Importer:
         expected = node.meta.get("val")
         vals = list(expected) if isinstance(expected, (list, tuple)) else [expected]
         for i, (t, val) in enumerate(zip(results, vals, strict=False)):
-            if isinstance(val, torch.Tensor) and (not symbolic.same_shape(t.shape, tuple(val.shape))
+            if isinstance(val, torch.Tensor) and (not symbolic.same_shape(t.shape, tuple(val.shape), guard=True)
                                                   or t.dtype != val.dtype):
                 raise LoweringError(f"{at}: {node.target} result {i} is {t.dtype}{list(t.shape)} but PyTorch says "
                                     f"{val.dtype}{list(val.shape)} ({where(node)})")

@@ -39,6 +39,8 @@ def _split(function: ir.Operation, body: list[ir.Operation], size: int) -> None:
     body = [op.operation for op in body]
     position = {op: i for i, op in enumerate(body)}
     cuts = _cuts(body, position, function, size)
+    if not cuts:
+        return
     for part, (start, end) in enumerate(zip([0, *cuts], [*cuts, len(body)], strict=True)):
         _outline(function, body[start:end], f"{name}__part{part}")
 
@@ -47,7 +49,8 @@ def _cuts(body: list[ir.Operation], position: dict[ir.Operation, int], function:
           size: int) -> list[int]:
     """Positions to cut `body` before: each part has `size` to 1.5 x `size` ops, cut where the
     fewest values are live across. Never where a boolean crosses: as an argument or result it
-    would be an i1 buffer, which the LLVM lowering cannot store."""
+    would be an i1 buffer, which the LLVM lowering cannot store. Nor where a value of dynamic
+    shape crosses: bufferization can't make a caller-allocated result of it."""
     # crossing[c]: values defined before c and used at or after c; booleans[c]: of them, booleans
     crossing, booleans = [0] * (len(body) + 2), [0] * (len(body) + 2)  # as differences first
     for i, op in enumerate(body):
@@ -57,7 +60,8 @@ def _cuts(body: list[ir.Operation], position: dict[ir.Operation, int], function:
             last = max((position.get(top_level(use.owner, function), len(body)) for use in result.uses), default=i)
             t = result.type
             element = ir.ShapedType(t).element_type if isinstance(t, ir.ShapedType) else t
-            counts = (crossing, booleans) if is_sub_byte(element) else (crossing,)
+            dynamic = isinstance(t, ir.ShapedType) and not ir.ShapedType(t).has_static_shape
+            counts = (crossing, booleans) if is_sub_byte(element) or dynamic else (crossing,)
             for count in counts:
                 count[i + 1] += 1
                 count[last + 1] -= 1

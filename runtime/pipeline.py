@@ -304,6 +304,8 @@ def _plain_memref(t: ir.Type) -> bool:
 
 
 def _element_bytes(t: ir.Type) -> int:
+    if isinstance(t, ir.IndexType):
+        return 8
     width = t.width if isinstance(t, ir.IntegerType) else ir.FloatType(t).width
     return max(1, width // 8)
 

@@ -30,7 +30,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from .errors import TorchTosaError
 from .importer import Program, where
 from .state import in_place_writes, update_in_place
-from .support import unsupported_reason
+from .support import is_size, unsupported_reason
 
 CompileRegion = Callable[[fx.GraphModule], tuple[Program, Callable[..., list[torch.Tensor]]]]
 
@@ -138,7 +138,17 @@ def _attempt(gm: fx.GraphModule, reasons: dict[str, str | None], compile_region:
     regions = _compile_regions(fused, compile_region)
     for gone in update_in_place(fused):
         reasons.pop(gone)
+    _views_as_reshapes(fused)
     return fused, _explain(gm, reasons, regions)
+
+
+def _views_as_reshapes(gm: fx.GraphModule) -> None:
+    """Eager views become reshapes: native regions return contiguous tensors, where the graph's
+    strides (a permuted result, say) may have allowed a view that contiguous ones don't. In a
+    functional graph the two compute the same values; reshape copies only when it must."""
+    for node in gm.graph.find_nodes(op="call_function", target=torch.ops.aten.view.default):
+        node.target = torch.ops.aten.reshape.default
+    gm.recompile()
 
 
 class _Support(OperatorSupportBase):
@@ -154,7 +164,7 @@ class _Support(OperatorSupportBase):
 
 
 def _size(p: Partition) -> int:
-    return sum(1 for n in p.nodes if n.target is not operator.getitem)
+    return sum(1 for n in p.nodes if n.target is not operator.getitem and not is_size(n))
 
 
 def _copy(gm: fx.GraphModule) -> fx.GraphModule:
@@ -195,7 +205,8 @@ def _explain(gm: fx.GraphModule, reasons: dict[str, str | None],
     explanation = Explanation()
     by_region: dict[str, NativeRegion] = {}
     for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target is operator.getitem or node.name not in reasons:
+        if (node.op != "call_function" or node.target is operator.getitem or node.name not in reasons
+                or is_size(node)):
             continue
         op = str(node.target)
         if node.name in regions:

@@ -42,6 +42,8 @@ def describe(value: Any, schema_arg: Any) -> Any:
     (`_NotNative` with the reason if a node's value cannot cross into native code)."""
     if isinstance(value, fx.Node):
         val = value.meta.get("val")
+        if isinstance(val, torch.SymInt | int) and not isinstance(val, bool):
+            return val  # a size: the rules compute with it
         if (reason := tensor_reason(val, f"argument {schema_arg.name}")) is not None:
             raise _NotNative(reason)
         return Tensor(None, tuple(val.shape), val.dtype, layout=storage_layout(val))  # type: ignore[arg-type]
@@ -81,12 +83,18 @@ def used_results(node: fx.Node) -> list[Any]:
     return [v for i, v in enumerate(val) if i in used]
 
 
+def is_size(node: fx.Node) -> bool:
+    """Whether a node computes a size (sym_size, arithmetic on SymInts), not a tensor: the
+    importer emits nothing for it, the rules compute with its symbolic value."""
+    return isinstance(node.meta.get("val"), torch.SymInt | torch.SymBool | torch.SymFloat)
+
+
 def unsupported_reason(node: fx.Node) -> str | None:
     """Why `node` cannot be lowered to TOSA, or None if some registry entry lowers it."""
     if node.op != "call_function":
         return f"{node.op} node"
-    if node.target is operator.getitem:
-        return None  # goes where its producer goes
+    if node.target is operator.getitem or is_size(node):
+        return None  # goes where its producer goes; size arithmetic is computed by the rules
     if not isinstance(node.target, torch._ops.OpOverload):
         return f"{getattr(node.target, '__name__', node.target)} is not an aten op"
     op = str(node.target)
@@ -116,6 +124,6 @@ def unsupported_reason(node: fx.Node) -> str | None:
 def _mismatch(types: list[tuple[tuple[int, ...], torch.dtype]], val: Any) -> str | None:
     vals = list(val) if isinstance(val, (list, tuple)) else [val]
     for (shape, dtype), v in zip(types, vals, strict=False):
-        if isinstance(v, torch.Tensor) and (not same_shape(tuple(shape), tuple(v.shape)) or dtype != v.dtype):
+        if isinstance(v, torch.Tensor) and (not same_shape(shape, v.shape, guard=True) or dtype != v.dtype):
             return f"{dtype}{show(shape)} where PyTorch has {v.dtype}{show(v.shape)}"
     return None

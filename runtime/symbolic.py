@@ -21,6 +21,7 @@ import sympy
 import torch
 from mlir import ir
 from mlir.dialects import arith, tensor
+from torch.fx.experimental.symbolic_shapes import sym_eq
 from torch.utils._sympy.functions import FloorDiv, Max, Min, Mod, PythonMod
 
 from .errors import Unsupported
@@ -61,17 +62,27 @@ def mlir_dims(shape: Sequence[Dim]) -> list[int]:
     return [dynamic if (v := static(d)) is None else v for d in shape]
 
 
-def same(a: Dim, b: Dim) -> bool:
-    """Whether two dims are provably equal, without adding a guard."""
+def same(a: Dim, b: Dim, guard: bool = False) -> bool:
+    """Whether two dims are provably equal, without adding a guard; or, if `guard`, equal for
+    the sizes at hand, with a guard that they stay so (`Importer.guards` checks it per call)."""
     sa, sb = static(a), static(b)
     if sa is not None and sb is not None:
         return sa == sb
     ea, eb = expr(a), expr(b)
-    return ea == eb or sympy.expand(ea - eb) == 0
+    if ea == eb or sympy.expand(ea - eb) == 0:
+        return True
+    env = next((d.node.shape_env for d in (a, b) if isinstance(d, torch.SymInt)), None)
+    if env is None:
+        return False
+    known = env._maybe_evaluate_static(sympy.Eq(ea, eb))  # by the symbols' ranges and asserts
+    if known is not None:
+        return bool(known)
+    return guard and bool(sym_eq(a, b))
 
 
-def same_shape(a: Sequence[Dim], b: Sequence[Dim]) -> bool:
-    return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+def same_shape(a: Sequence[Dim], b: Sequence[Dim], guard: bool = False) -> bool:
+    return len(a) == len(b) and all(same(x, y, guard) for x, y in zip(a, b, strict=True))
+
 
 
 def show(shape: Sequence[Dim]) -> str:
@@ -153,6 +164,8 @@ def current() -> Symbols:
 _EVAL: dict[type, Callable[[int, int], int]] = {
     sympy.Add: operator.add, sympy.Mul: operator.mul, Max: max, Min: min,
     FloorDiv: operator.floordiv, Mod: operator.mod, PythonMod: operator.mod,
+    sympy.Eq: operator.eq, sympy.Ne: operator.ne, sympy.Lt: operator.lt, sympy.Le: operator.le,
+    sympy.Gt: operator.gt, sympy.Ge: operator.ge, sympy.And: operator.and_, sympy.Or: operator.or_,
 }
 
 
@@ -164,6 +177,14 @@ def evaluator(e: Size) -> Callable[[dict[sympy.Symbol, int]], int]:
         return lambda _values, v=int(e): v
     if isinstance(e, sympy.Symbol):
         return operator.itemgetter(e)
+    if e is sympy.true or e is sympy.false:
+        return lambda _values, v=bool(e): v
+    if isinstance(e, sympy.Not):
+        inner = evaluator(e.args[0])
+        return lambda values: not inner(values)
+    if isinstance(e, sympy.Pow) and isinstance(e.args[1], sympy.Integer) and int(e.args[1]) > 0:
+        base, power = evaluator(e.args[0]), int(e.args[1])
+        return lambda values: base(values) ** power
     if type(e) in _EVAL:
         fn = _EVAL[type(e)]
         parts = [evaluator(a) for a in e.args]

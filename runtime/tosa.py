@@ -359,14 +359,15 @@ class Builder:
         out = [self.reshape(t, (1,) * (rank - t.rank) + t.shape) for t in ts]
         for dims in zip(*(t.shape for t in out), strict=True):
             sizes = [d for d in dims if static(d) != 1]
-            if any(not symbolic.same(d, sizes[0]) for d in sizes[1:]):  # the entry's rules let a bad case through
+            # not broadcastable: the entry's rules let a bad case through
+            if any(not symbolic.same(d, sizes[0], guard=True) for d in sizes[1:]):
                 raise self.invalid(f"operands of shapes {[list(t.shape) for t in ts]} do not broadcast")
         return out
 
     def results(self, values: Sequence[Tensor], types: Sequence[tuple[Sequence[int], torch.dtype]]) -> list[Tensor]:
         """Check the emitted results against the entry's own shape and dtype rules."""
         for i, (t, (shape, dtype)) in enumerate(zip(values, types, strict=True)):
-            if not same_shape(t.shape, tuple(shape)) or t.dtype != dtype:
+            if not same_shape(t.shape, tuple(shape), guard=True) or t.dtype != dtype:
                 raise self.invalid(f"result {i} is {_show(t.shape, t.dtype)} but the shape/dtype rules say "
                                    f"{_show(shape, dtype)}")
         return list(values)

@@ -6,6 +6,7 @@ import os
 import threading
 
 import pytest
+import sympy
 import torch
 from mlir import ir
 
@@ -60,8 +61,11 @@ def test_tensor_spec_types() -> None:
     for dtype in (torch.complex64, torch.qint8, torch.float8_e4m3fn):
         with pytest.raises(Unsupported, match="not supported"):
             TensorSpec((2,), dtype)
-    with pytest.raises(Unsupported, match="static"):
+    with pytest.raises(Unsupported, match="negative shape"):
         TensorSpec((-1, 2), F32)
+    s0 = sympy.Symbol("s0", positive=True, integer=True)
+    dynamic = TensorSpec((s0, 2 * s0, 3), F32)
+    assert dynamic.mlir_type_str() == "tensor<?x?x3xf32>" and not dynamic.static
 
 
 def test_broadcast_add_mul_and_several_outputs(add_mul: NativeFunction) -> None:
