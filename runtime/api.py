@@ -39,15 +39,21 @@ class GraphFunction:
     def __init__(self, native: NativeFunction, program: Program, count: int) -> None:
         self.native = native
         self.arguments = None if program.arguments == list(range(count)) else program.arguments
+        self.scalars = list(program.scalars)
         self.sizes = [(i, evaluator(e)) for i, e in program.sizes]
-        sources = symbol_sources([s.shape for s in program.inputs])
+        sources = symbol_sources([s.shape for s in program.inputs], program.scalars)
         self.sources = [(sym, b.arg, b.dim) for sym, b in sources.items()]
 
     def __call__(self, *args: Any) -> list[Any]:
         tensors = args if self.arguments is None else [args[i] for i in self.arguments]
+        if self.scalars:
+            tensors = list(tensors)
+            for i in self.scalars:
+                tensors[i] = torch.tensor(tensors[i], dtype=torch.int64)
         results = self.native(*tensors)
         if self.sizes:
-            values = {sym: tensors[i].shape[d] for sym, i, d in self.sources}
+            values = {sym: tensors[i].shape[d] if d is not None else int(tensors[i])
+                      for sym, i, d in self.sources}
             for i, fn in self.sizes:
                 results.insert(i, fn(values))
         return results
@@ -59,16 +65,19 @@ class _Cache:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.entries: dict[tuple[Any, ...], tuple[Program, GraphFunction]] = {}
+        self.compiles = 0  # native functions built (a cache miss each)
 
     def get(self, gm: torch.fx.GraphModule, opt: str) -> tuple[Program, GraphFunction]:
         program = import_graph(gm)
         key = (str(program.module), tuple(program.inputs), tuple(program.outputs), tuple(program.arguments),
-               tuple(program.ranges.items()), tuple(program.sizes), opt)
+               tuple(program.ranges.items()), tuple(program.scalars.items()), tuple(program.sizes), opt)
         with self.lock:
             hit = self.entries.get(key)
         if hit is not None:
             return hit
-        native = NativeFunction(program.module, program.inputs, program.outputs, opt=opt, ranges=program.ranges)
+        native = NativeFunction(program.module, program.inputs, program.outputs, opt=opt, ranges=program.ranges,
+                                scalars=program.scalars)
+        self.compiles += 1
         run = GraphFunction(native, program, len(gm.graph.find_nodes(op="placeholder")))
         with self.lock:
             return self.entries.setdefault(key, (program, run))

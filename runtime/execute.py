@@ -86,6 +86,7 @@ class NativeFunction:
         name: str = "forward",
         opt: str = "default",
         ranges: dict[sympy.Symbol, tuple[int, int | None]] | None = None,
+        scalars: dict[int, sympy.Symbol] | None = None,
     ) -> None:
         """Lower a clone of `module` (which stays untouched) and JIT `@name`.
 
@@ -93,7 +94,8 @@ class NativeFunction:
         `inputs` and `outputs` (see TensorSpec.mlir_type_str). Raises
         CompileError if the signature differs or lowering or the JIT fails.
         `opt` names the lowering (`pipeline.OPT_LEVELS`). A symbolic dim of the specs is `?` in
-        the module; its value comes from the inputs at each call (within `ranges`, per symbol).
+        the module; its value comes from the inputs at each call (within `ranges`, per symbol):
+        from a dim, or from an input that holds it (`scalars`: input position -> symbol).
         """
         self.inputs = tuple(inputs)
         self.outputs = tuple(outputs)
@@ -111,7 +113,7 @@ class NativeFunction:
         self._free_frames: list[_Frame] = []
         self.dynamic = not all(s.static for s in self.inputs + self.outputs)
         if self.dynamic:
-            self._sizes = _SizeRules(self.inputs, self.outputs, ranges or {})
+            self._sizes = _SizeRules(self.inputs, self.outputs, ranges or {}, scalars or {})
         else:
             self._checks = [(torch.Size(s.shape), s.dtype) for s in self.inputs]
             self._results = [(s.shape, s.dtype) for s in self.outputs]
@@ -183,9 +185,9 @@ class _SizeRules:
     against its range, the output shapes computed from the symbols."""
 
     def __init__(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
-                 ranges: dict[sympy.Symbol, tuple[int, int | None]]) -> None:
+                 ranges: dict[sympy.Symbol, tuple[int, int | None]], scalars: dict[int, sympy.Symbol]) -> None:
         self.inputs = inputs
-        sources = symbol_sources([s.shape for s in inputs])
+        sources = symbol_sources([s.shape for s in inputs], scalars)
         missing = free_symbols([s.shape for s in (*inputs, *outputs)]) - set(sources)
         if missing:
             names = ", ".join(sorted(map(str, missing)))
@@ -197,7 +199,7 @@ class _SizeRules:
         self.outputs = [[evaluator(s) for s in spec.shape] for spec in outputs]
 
     def output_shapes(self, args: Sequence[torch.Tensor]) -> list[list[int]]:
-        values = {sym: args[i].shape[d] for sym, i, d in self.sources}
+        values = {sym: args[i].shape[d] if d is not None else int(args[i]) for sym, i, d in self.sources}
         for i, d, fn in self.checks:
             if args[i].shape[d] != fn(values):
                 raise InputMismatch(_mismatch(i, args[i], self.inputs[i]) + f" (dim {d} must be {fn(values)})")

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import sympy
 import torch
 from mlir import ir
 from mlir.dialects import func
@@ -42,6 +43,8 @@ class Program:
     arguments: list[int] = field(default_factory=list)
     # the values each size symbol may take: (low, high or None)
     ranges: dict[Any, tuple[int, int | None]] = field(default_factory=dict)
+    # inputs that hold a size symbol's value (rank-0 i64 tensors): input position -> symbol
+    scalars: dict[int, Any] = field(default_factory=dict)
     # graph outputs that are sizes, not tensors: (position among the outputs, value)
     sizes: list[tuple[int, Any]] = field(default_factory=list)
 
@@ -168,21 +171,46 @@ class Importer:
         placeholders = [nodes[i] for i in arguments]
         inputs = [_spec(n.meta.get("val"), n) for n in placeholders]
         self.env.update((n, n.meta["val"]) for n in nodes if n not in placeholders)
+        # sizes torch.compile passes as ints that no tensor argument has as a dim: passed to
+        # the native code as rank-0 i64 tensors
+        dims = symbolic.free_symbols([s.shape for s in inputs])
+        sizes = {i: symbolic.expr(n.meta["val"]) for i, n in enumerate(nodes)
+                 if isinstance(n.meta.get("val"), torch.SymInt)}
+        scalars = {i: e for i, e in sizes.items() if isinstance(e, sympy.Symbol) and e not in dims}
+        arguments += list(scalars)
+        inputs += [TensorSpec((), torch.int64)] * len(scalars)
 
         def body(args: list[Tensor]) -> list[Tensor]:
             symbols = symbolic.current()
-            for n, a in zip(placeholders, args, strict=True):
+            for n, a in zip(placeholders, args[:len(placeholders)], strict=True):
                 val = n.meta.get("val")
                 symbols.bind(a.value, val.shape)
                 self.env[n] = _with_layout(dataclasses.replace(a, shape=tuple(val.shape)), val)
+            for a, symbol in zip(args[len(placeholders):], scalars.values(), strict=True):
+                symbols.bind_scalar(a.value, symbol)
             return self.body()
 
         program = build_function(self.name, inputs, body)
+        program.scalars = {len(placeholders) + k: sym for k, sym in enumerate(scalars.values())}
+        self.readable_sizes(program)
         program.served = self.served
         program.arguments = arguments
         program.sizes = self.sizes
         program.ranges = _ranges(program.inputs + program.outputs, placeholders)
         return program
+
+    def readable_sizes(self, program: Program) -> None:
+        """Unsupported, blaming the node that computes it, if an output's size is not
+        computable from the input tensors' dims (the native code reads sizes only there)."""
+        sources = symbolic.symbol_sources([s.shape for s in program.inputs], program.scalars)
+        outs = [o for o in _flat(self.gm.graph.output_node().args[0]) if isinstance(self.env.get(o), Tensor)]
+        for node, spec in zip(outs, program.outputs, strict=True):
+            missing = symbolic.free_symbols([spec.shape]) - set(sources)
+            if missing:
+                err = Unsupported(f"{node.name} ({where(node)}) has sizes {sorted(map(str, missing))} that are not "
+                                  "dims of any tensor input, so native code can't read them")
+                err.node = node.name
+                raise err
 
     def body(self) -> list[Tensor]:
         for node in self.gm.graph.nodes:

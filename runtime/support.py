@@ -43,6 +43,8 @@ def describe(value: Any, schema_arg: Any) -> Any:
     if isinstance(value, fx.Node):
         val = value.meta.get("val")
         if isinstance(val, torch.SymInt | int) and not isinstance(val, bool):
+            if schema_arg.type.str() in ("Tensor", "Tensor?"):  # a size as an operand: wrapped
+                return Tensor(None, (), torch.int64, wrapped=True)  # type: ignore[arg-type]
             return val  # a size: the rules compute with it
         if (reason := tensor_reason(val, f"argument {schema_arg.name}")) is not None:
             raise _NotNative(reason)

@@ -22,7 +22,7 @@ import torch
 from mlir import ir
 from mlir.dialects import arith, tensor
 from torch.fx.experimental.symbolic_shapes import sym_eq
-from torch.utils._sympy.functions import FloorDiv, Max, Min, Mod, PythonMod
+from torch.utils._sympy.functions import CeilDiv, FloorDiv, Max, Min, Mod, PythonMod
 
 from .errors import Unsupported
 
@@ -104,13 +104,17 @@ class Symbols:
     """Where each symbol of a function's input shapes lives: (argument value, dim)."""
 
     def __init__(self) -> None:
-        self.sources: dict[sympy.Symbol, tuple[ir.Value, int]] = {}
+        self.sources: dict[sympy.Symbol, tuple[ir.Value, int | None]] = {}  # dim None: a scalar argument
 
     def bind(self, value: ir.Value, shape: Sequence[Dim]) -> None:
         for i, d in enumerate(shape):
             e = expr(d)
             if isinstance(e, sympy.Symbol):
                 self.sources.setdefault(e, (value, i))
+
+    def bind_scalar(self, value: ir.Value, symbol: sympy.Symbol) -> None:
+        """A symbol passed as a rank-0 i64 tensor argument (a size torch.compile passes as an int)."""
+        self.sources.setdefault(symbol, (value, None))
 
     def index(self, d: Dim | sympy.Expr) -> ir.Value:
         """An `index` value holding the dim at run time."""
@@ -124,6 +128,8 @@ class Symbols:
             if e not in self.sources:
                 raise Unsupported(f"size {e} is not a dim of any tensor input, so native code can't read it")
             value, dim = self.sources[e]
+            if dim is None:
+                return arith.index_cast(index, tensor.extract(value, []))
             return tensor.dim(value, arith.constant(index, dim))
         if type(e) in _ARITH:
             args = [self._emit(a) for a in e.args]
@@ -131,6 +137,9 @@ class Symbols:
             for a in args[1:]:
                 out = _ARITH[type(e)](out, a)
             return out
+        if isinstance(e, CeilDiv):  # -((-a) // b)
+            a, b = self._emit(e.args[0]), self._emit(e.args[1])
+            return arith.ceildivsi(a, b)
         if isinstance(e, FloorDiv):
             return arith.floordivsi(self._emit(e.args[0]), self._emit(e.args[1]))
         if isinstance(e, Mod | PythonMod):  # sizes are not negative: remainder and modulo agree
@@ -163,7 +172,7 @@ def current() -> Symbols:
 
 _EVAL: dict[type, Callable[[int, int], int]] = {
     sympy.Add: operator.add, sympy.Mul: operator.mul, Max: max, Min: min,
-    FloorDiv: operator.floordiv, Mod: operator.mod, PythonMod: operator.mod,
+    CeilDiv: lambda a, b: -(-a // b), FloorDiv: operator.floordiv, Mod: operator.mod, PythonMod: operator.mod,
     sympy.Eq: operator.eq, sympy.Ne: operator.ne, sympy.Lt: operator.lt, sympy.Le: operator.le,
     sympy.Gt: operator.gt, sympy.Ge: operator.ge, sympy.And: operator.and_, sympy.Or: operator.or_,
 }
@@ -185,8 +194,8 @@ def evaluator(e: Size) -> Callable[[dict[sympy.Symbol, int]], int]:
     if isinstance(e, sympy.Pow) and isinstance(e.args[1], sympy.Integer) and int(e.args[1]) > 0:
         base, power = evaluator(e.args[0]), int(e.args[1])
         return lambda values: base(values) ** power
-    if type(e) in _EVAL:
-        fn = _EVAL[type(e)]
+    fn = next((f for cls, f in _EVAL.items() if isinstance(e, cls)), None)
+    if fn is not None:
         parts = [evaluator(a) for a in e.args]
 
         def apply(values: dict[sympy.Symbol, int]) -> int:
@@ -204,16 +213,20 @@ class Bound:
     """Where a symbol's value comes from at run time: input `arg`, dim `dim`."""
 
     arg: int
-    dim: int
+    dim: int | None  # None: the input is a rank-0 tensor holding the value
 
 
-def symbol_sources(shapes: Sequence[Sequence[Size]]) -> dict[sympy.Symbol, Bound]:
-    """The first input dim that is exactly each symbol."""
+def symbol_sources(shapes: Sequence[Sequence[Size]],
+                   scalars: dict[int, sympy.Symbol] | None = None) -> dict[sympy.Symbol, Bound]:
+    """The first input dim that is exactly each symbol; `scalars`: inputs that are a symbol's
+    value (rank-0 tensors, `Bound.dim` None)."""
     sources: dict[sympy.Symbol, Bound] = {}
     for i, shape in enumerate(shapes):
         for d, s in enumerate(shape):
             if isinstance(s, sympy.Symbol):
                 sources.setdefault(s, Bound(i, d))
+    for i, sym in (scalars or {}).items():
+        sources.setdefault(sym, Bound(i, None))
     return sources
 
 

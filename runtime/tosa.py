@@ -342,10 +342,21 @@ class Builder:
         return Tensor(t.value, t.shape, t.dtype, wrapped=True)
 
     def argument(self, value: Any, schema_arg: Any) -> Any:
-        """An aten argument as a lowering takes it: a number in a Tensor slot is wrapped."""
-        if schema_arg.type.str() in ("Tensor", "Tensor?") and isinstance(value, bool | int | float):
-            return self.wrap_number(value)
+        """An aten argument as a lowering takes it: a number in a Tensor slot is wrapped (a
+        symbolic size too, computed from the inputs' shapes at run time)."""
+        if schema_arg.type.str() in ("Tensor", "Tensor?"):
+            if isinstance(value, torch.SymInt) and static(value) is None:
+                return self.wrap_size(value)
+            if isinstance(value, bool | int | float | torch.SymInt):
+                return self.wrap_number(value if isinstance(value, bool | float) else int(value))
         return value
+
+    def wrap_size(self, d: torch.SymInt) -> Tensor:
+        """A symbolic size where aten takes a Tensor: a rank-0 i64 tensor holding it."""
+        i64 = ir.IntegerType.get_signless(64)
+        value = ir.Operation.create("arith.index_cast", results=[i64], operands=[self.index(d)]).result
+        op = ir.Operation.create("tensor.from_elements", results=[tensor_type((), torch.int64)], operands=[value])
+        return Tensor(op.result, (), torch.int64, wrapped=True)
 
     def reshape(self, t: Tensor, shape: Sequence[Dim]) -> Tensor:
         shape = tuple(_dim(s) for s in shape)

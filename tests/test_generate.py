@@ -1,20 +1,23 @@
 """Greedy generation with HF models whose forward runs through the torchtosa backend:
 the default (dynamic) KV cache, empty at the first step, and StaticCache, written in place
-one token per layer per step. Token for token equal to eager."""
+one token per layer per step. Token for token equal to eager; with the dynamic cache and
+dynamic=True, one graph for the prefill and one with symbolic sizes for every later step."""
 
 from __future__ import annotations
 
 import re
 import warnings
+from collections import Counter
 
 import pytest
 import torch
+from torch._guards import CompileContext
 
-from torchtosa import FallbackWarning
+from torchtosa import FallbackWarning, torchtosa_backend
 
 transformers = pytest.importorskip("transformers")
 
-NEW_TOKENS = 16
+NEW_TOKENS = 32
 
 
 def tiny_llama() -> torch.nn.Module:
@@ -40,12 +43,22 @@ def test_greedy_generate_matches_eager(make, cache: str) -> None:
         options["cache_implementation"] = "static"
     with torch.no_grad():
         want = model.generate(ids, **options)
-    model.forward = torch.compile(model.forward, backend="torchtosa")
+    graphs = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        compile_id = CompileContext.current_compile_id()  # (frame, compile of that frame)
+        graphs.append((compile_id.frame_id, compile_id.frame_compile_id))
+        return torchtosa_backend(gm, example_inputs)
+
+    model.forward = torch.compile(model.forward, backend=backend, dynamic=cache == "dynamic")
     with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", FallbackWarning)
         got = model.generate(ids, **options)
     assert got.shape == (1, 5 + NEW_TOKENS)
     assert torch.equal(got, want)
+    if cache == "dynamic":  # the prefill (an empty cache: size 0 is specialised), then every step
+        compiles = Counter(frame for frame, _ in set(graphs))  # compiles of each frame (graph breaks make frames)
+        assert max(compiles.values()) <= 2, f"compiles per frame: {dict(compiles)}"
     # most of every graph ran natively: the warnings count what fell back
     for w in caught:
         if m := re.search(r"(\d+) of (\d+) ops run eagerly", str(w.message)):

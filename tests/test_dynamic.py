@@ -1,0 +1,110 @@
+"""Dynamic shapes end to end: one compile with symbolic sizes serves every size after it, as
+torch.compile(dynamic=True), torchtosa.compile(dynamic=...) and torch.export's Dims ask."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.export import Dim
+
+import torchtosa
+from torchtosa.api import CACHE, torchtosa_backend
+
+transformers = pytest.importorskip("transformers")
+
+
+class Counting:
+    """The torchtosa backend with options, counting the graphs Dynamo hands it."""
+
+    def __init__(self, **options: str) -> None:
+        self.options, self.frame_count = options, 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        self.frame_count += 1
+        return torchtosa_backend(gm, example_inputs, options=self.options)
+
+
+class MLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(24, 40), torch.nn.Linear(40, 12)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.down(torch.nn.functional.gelu(self.up(x))), dim=-1)
+
+
+@pytest.mark.parametrize("opt", ["default", "parallel"])
+def test_one_compile_serves_every_batch_size(opt: str) -> None:
+    torch.manual_seed(0)
+    model = MLP().eval()
+    counter = Counting(opt=opt, fallback="error")
+    compiled = torch.compile(model, backend=counter, dynamic=True)
+    before = CACHE.compiles
+    with torch.no_grad():
+        for rows in (2, 3, 7, 16, 33, 100):  # sizes that are and are not multiples of the tiles
+            x = torch.randn(rows, 24)
+            torch.testing.assert_close(compiled(x), model(x))
+    assert counter.frame_count == 1
+    assert CACHE.compiles - before <= 1  # 0 if an identical program was compiled before
+    torch._dynamo.reset()
+
+
+def tiny_bert() -> torch.nn.Module:
+    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, max_position_embeddings=128)
+    return transformers.BertModel(config).eval()
+
+
+def test_bert_one_compile_for_batch_and_sequence_length() -> None:
+    torch.manual_seed(0)
+    model = tiny_bert()
+    compiled = torchtosa.compile(model, dynamic=True, fallback="error")
+    before = CACHE.compiles
+    with torch.no_grad():
+        for batch, seq in [(2, 16), (8, 128), (3, 5), (5, 77), (4, 9), (7, 64), (6, 33)]:
+            ids = torch.randint(0, 100, (batch, seq))
+            got, want = compiled(ids).last_hidden_state, model(ids).last_hidden_state
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+            assert CACHE.compiles - before == 1, f"recompiled at batch {batch}, sequence {seq}"
+        # batch 1 follows Dynamo's rule for sizes 0 and 1: a graph of its own, then reused
+        for seq in (5, 128, 40):
+            ids = torch.randint(0, 100, (1, seq))
+            torch.testing.assert_close(compiled(ids).last_hidden_state, model(ids).last_hidden_state,
+                                       atol=1e-5, rtol=1e-5)
+        assert CACHE.compiles - before == 2
+    assert "symbolic sizes" in str(compiled.explain())
+    torch._dynamo.reset()
+
+
+def test_compile_default_goes_dynamic_after_a_size_change() -> None:
+    torch.manual_seed(0)
+    model = MLP().eval()
+    compiled = torchtosa.compile(model, fallback="error")
+    CACHE.clear()  # a test before may have compiled the same programs
+    before = CACHE.compiles
+    for rows in (4, 6, 9, 50):
+        x = torch.randn(rows, 24)
+        torch.testing.assert_close(compiled(x), model(x))
+    assert CACHE.compiles - before == 2  # the static first signature, then one symbolic compile
+    torch._dynamo.reset()
+    static = torchtosa.compile(model, fallback="error", dynamic=False)
+    for rows in (4, 6, 9):
+        static(torch.randn(rows, 24))
+    assert len(static.compiled) == 3 and static._dynamo is None
+
+
+def test_export_with_dim_ranges_keeps_symbolic_dims() -> None:
+    torch.manual_seed(0)
+    model = MLP().eval()
+    batch = Dim("batch", min=2, max=64)
+    ep = torch.export.export(model, (torch.randn(4, 24),), dynamic_shapes={"x": {0: batch}})
+    program = torchtosa.to_tosa(ep)
+    assert "tensor<?x24xf32>" in str(program) and "tensor<?x12xf32>" in str(program)
+    compiled = torchtosa.compile(ep, fallback="error")
+    for rows in (2, 5, 64):
+        x = torch.randn(rows, 24)
+        torch.testing.assert_close(compiled(x), model(x))
+    with pytest.raises(torchtosa.InputMismatch, match="at most 64"):
+        compiled(torch.randn(65, 24))
+    with pytest.raises(torchtosa.InputMismatch):
+        compiled(torch.randn(5, 23))
