@@ -44,6 +44,7 @@ TRANSPOSE_TILE = 16  # transposes: 16 x 16 tiles
 _CONTRACTIONS = {"linalg.batch_matmul": 1, "linalg.matmul": 0}  # op -> number of batch loops
 _CONV = "linalg.conv_2d_nhwc_fhwc"  # loops (n, oh, ow, f, kh, kw, c)
 PARALLEL_MIN_MACS = 1 << 24  # smaller contractions stay on the calling thread (4M was no faster)
+DYNAMIC_SIZE_GUESS = 64  # what _parallel_worth assumes a size known at run time only to be
 _PLAIN_MAPS = {
     "linalg.batch_matmul": "[affine_map<(d0, d1, d2, d3) -> (d0, d1, d3)>, affine_map<(d0, d1, d2, d3) -> "
     "(d0, d3, d2)>, affine_map<(d0, d1, d2, d3) -> (d0, d1, d2)>]",
@@ -52,9 +53,14 @@ _PLAIN_MAPS = {
 }
 _VECTORIZABLE = ("linalg.generic", "linalg.fill", "linalg.transpose", "linalg.copy")
 _TILE_ATTR = "torchtosa.tile"
-Tiling = tuple[tuple[int, ...], tuple[int, ...]]  # tile sizes, order of the tile loops
-# (conv or "", tile sizes, loop order)
-Key = tuple[str, tuple[int, ...], tuple[int, ...]]
+_FOR = '!transform.op<"scf.for">'
+Extent = int | None  # a loop's size; None if known at run time only
+# tile sizes, order of the tile loops, and the loops whose last tile may be partial (a dynamic
+# size): `masked` ones (a partial tile is vectorized with masks), `rows` ones (a partial tile is
+# tiled by 1 again: a matmul's rows, whose masked register tile does not lower)
+Tiling = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+# (conv or "", tile sizes, loop order, masked loops, rows loops)
+Key = tuple[str, tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
 # After tiling and vectorizing: contractions become outer products with their accumulators in
 # registers; vector transfers and reductions are lowered to what the LLVM lowering handles.
@@ -151,13 +157,21 @@ def pack_panels(module: ir.Module, parallel: bool = False) -> None:
                 continue
             sizes = tiling[0]
             loops = _loop_sizes(op)
+            if loops[-2] is None:
+                continue  # a dynamic column count: its last panel would be partial
             source = _panel_source(op, loops, sizes)
             if source is not None:
-                forall = parallel and math.prod(loops) >= PARALLEL_MIN_MACS
+                forall = parallel and _parallel_worth(loops)
                 _column_panels(op, source, sizes[-2], forall)
 
 
-def _panel_source(op: ir.Operation, loops: tuple[int, ...], sizes: tuple[int, ...]) -> ir.Operation | None:
+def _parallel_worth(loops: tuple[Extent, ...]) -> bool:
+    """Whether a contraction of these loop sizes is split across threads: at least
+    PARALLEL_MIN_MACS multiply-adds, a dynamic size counted as DYNAMIC_SIZE_GUESS."""
+    return math.prod(DYNAMIC_SIZE_GUESS if n is None else n for n in loops) >= PARALLEL_MIN_MACS
+
+
+def _panel_source(op: ir.Operation, loops: tuple[Extent, ...], sizes: tuple[int, ...]) -> ir.Operation | None:
     """The transpose producing contraction `op`'s second operand (nn.Linear's weight), which
     panels replace: then no call transposes the whole weight. Otherwise `op` itself, meaning
     "copy the operand panel by panel", if more than one row tile reads each panel (its rows
@@ -167,7 +181,7 @@ def _panel_source(op: ir.Operation, loops: tuple[int, ...], sizes: tuple[int, ..
     if producer is not None and producer.name == "linalg.transpose" and len(list(rhs.uses)) == 1:
         return producer.operation
     m = _CONTRACTIONS[op.name]
-    return op if loops[m] // sizes[m] >= 2 else None
+    return op if loops[m] is None or loops[m] // sizes[m] >= 2 else None
 
 
 def _column_panels(op: ir.Operation, source: ir.Operation, tn: int, forall: bool) -> None:
@@ -176,10 +190,10 @@ def _column_panels(op: ir.Operation, source: ir.Operation, tn: int, forall: bool
     the contraction of its rows of the first operand with it."""
     lhs, rhs, init = list(op.operands)[:3]
     transposed = source != op
-    *batch, m, k = ir.RankedTensorType(lhs.type).shape
-    n = ir.RankedTensorType(rhs.type).shape[-1]
-    ones = [1] * len(batch)
     with ir.InsertionPoint(op), op.location:
+        *batch, m, k = (_dim(lhs, i) for i in range(ir.RankedTensorType(lhs.type).rank))
+        n = _shape(rhs)[-1]
+        ones = [1] * len(batch)
         ivs, acc, body, finish = _loop_nest([*batch, n], [*ones, tn], init, forall)
         with ir.InsertionPoint(body):
             *at, column = ivs
@@ -210,7 +224,7 @@ def _column_panels(op: ir.Operation, source: ir.Operation, tn: int, forall: bool
 Finish = Callable[[ir.Value, list, list[int]], ir.Value]
 
 
-def _loop_nest(sizes: list[int], steps: list[int], init: ir.Value, forall: bool
+def _loop_nest(sizes: list[int | ir.Value], steps: list[int], init: ir.Value, forall: bool
                ) -> tuple[list[ir.Value], ir.Value, ir.Block, Finish]:
     """Loops over `sizes` by `steps` carrying the tensor `init`: nested scf.for, or one
     scf.forall. Returns the induction variables, the carried tensor, the innermost body, and a
@@ -220,7 +234,7 @@ def _loop_nest(sizes: list[int], steps: list[int], init: ir.Value, forall: bool
         loop = scf.ForallOp([0] * len(sizes), sizes, steps, shared_outs=[init])
         acc = loop.inner_iter_args[0]
 
-        def finish_forall(tile: ir.Value, offsets: list, shape: list[int]) -> ir.Value:
+        def finish_forall(tile: ir.Value, offsets: list, shape: list) -> ir.Value:
             with ir.InsertionPoint(loop.terminator().block):
                 _insert(tensor.ParallelInsertSliceOp, tile, acc, offsets, shape)
             return loop.results[0]
@@ -231,12 +245,12 @@ def _loop_nest(sizes: list[int], steps: list[int], init: ir.Value, forall: bool
     ivs, acc = [], init
     for size, step in zip(sizes, steps, strict=True):
         ip = ir.InsertionPoint(loops[-1].body) if loops else None
-        bounds = [arith.ConstantOp(index, v, ip=ip).result for v in (0, size, step)]
+        bounds = [v if isinstance(v, ir.Value) else arith.ConstantOp(index, v, ip=ip).result for v in (0, size, step)]
         loops.append(scf.ForOp(*bounds, iter_args=[acc], ip=ip))
         ivs.append(loops[-1].induction_variable)
         acc = loops[-1].inner_iter_args[0]
 
-    def finish_for(tile: ir.Value, offsets: list, shape: list[int]) -> ir.Value:
+    def finish_for(tile: ir.Value, offsets: list, shape: list) -> ir.Value:
         value = _insert(tensor.InsertSliceOp, tile, acc, offsets, shape).result
         for loop in reversed(loops):
             scf.YieldOp([value], ip=ir.InsertionPoint(loop.body))
@@ -247,21 +261,25 @@ def _loop_nest(sizes: list[int], steps: list[int], init: ir.Value, forall: bool
 
 
 def _static(offsets: list) -> tuple[list[ir.Value], list[int]]:
-    """Offsets (ints or index values) as the dynamic and static operands of a slice op."""
+    """Offsets or sizes (ints or index values) as the dynamic and static operands of a slice op."""
     dynamic = [o for o in offsets if isinstance(o, ir.Value)]
     return dynamic, [ir.ShapedType.get_dynamic_size() if isinstance(o, ir.Value) else o for o in offsets]
 
 
-def _extract(source: ir.Value, offsets: list, shape: list[int]) -> ir.Value:
-    """The slice of `source` at `offsets` of size `shape` (unit strides, rank kept)."""
+def _extract(source: ir.Value, offsets: list, shape: list) -> ir.Value:
+    """The slice of `source` at `offsets` of size `shape` (ints or index values; unit strides,
+    rank kept)."""
     dynamic, static = _static(offsets)
-    result = ir.RankedTensorType.get(shape, ir.RankedTensorType(source.type).element_type)
-    return tensor.ExtractSliceOp(result, source, dynamic, [], [], static, shape, [1] * len(shape)).result
+    dynamic_sizes, static_sizes = _static(shape)
+    result = ir.RankedTensorType.get(static_sizes, ir.RankedTensorType(source.type).element_type)
+    return tensor.ExtractSliceOp(result, source, dynamic, dynamic_sizes, [], static, static_sizes,
+                                 [1] * len(shape)).result
 
 
-def _insert(kind: type, tile: ir.Value, dest: ir.Value, offsets: list, shape: list[int]) -> ir.OpView:
+def _insert(kind: type, tile: ir.Value, dest: ir.Value, offsets: list, shape: list) -> ir.OpView:
     dynamic, static = _static(offsets)
-    return kind(tile, dest, dynamic, [], [], static, shape, [1] * len(shape))
+    dynamic_sizes, static_sizes = _static(shape)
+    return kind(tile, dest, dynamic, dynamic_sizes, [], static, static_sizes, [1] * len(shape))
 
 
 def plans(module: ir.Module) -> list[tuple[ir.Operation, Tiling]]:
@@ -288,23 +306,30 @@ def plan(op: ir.Operation) -> Tiling | None:
     if loops is None or not loops or 0 in loops:
         return None
     order = list(range(len(loops)))
-    if op.name == _CONV:
+    if op.name == _CONV:  # a dynamic output width gets tiles of 1 (no masked 1-D convolutions)
         _, _, ow, f, _, _, _ = loops
-        return (1, 1, _divisor(ow, MATMUL_TILE[0]), _divisor(f, MATMUL_TILE[1]), 1, 1, 1), tuple(order)
+        sizes = (1, 1, 1 if ow is None else _divisor(ow, MATMUL_TILE[0]), _divisor(f, MATMUL_TILE[1]), 1, 1, 1)
+        return sizes, tuple(order), (), ()
     sizes = [1] * len(loops)
     mn = _matmul_loops(op)
     if mn is not None:  # reduction step 1: the k loop keeps tile 1
         m, n = mn
-        sizes[m], sizes[n] = _divisor(loops[m], MATMUL_TILE[0]), _divisor(loops[n], MATMUL_TILE[1])
+        sizes[m], sizes[n] = _tile(loops[m], MATMUL_TILE[0]), _tile(loops[n], MATMUL_TILE[1])
         order.remove(n)
         order.insert(order.index(m), n)
-        return tuple(sizes), tuple(order)
-    sizes[-1] = _divisor(loops[-1], VECTOR_WIDTH)
+        partial = _partial(loops, sizes)
+        return tuple(sizes), tuple(order), tuple(d for d in partial if d != m), tuple(d for d in partial if d == m)
+    sizes[-1] = _tile(loops[-1], VECTOR_WIDTH)
     inner = _transposed_inner_loop(op, len(loops))
     if inner is not None:  # a square tile, transposed in registers, instead of a strided gather
-        sizes[-1] = _divisor(loops[-1], TRANSPOSE_TILE)
-        sizes[inner] = _divisor(loops[inner], TRANSPOSE_TILE)
-    return tuple(sizes), tuple(order)
+        sizes[-1] = _tile(loops[-1], TRANSPOSE_TILE)
+        sizes[inner] = _tile(loops[inner], TRANSPOSE_TILE)
+    return tuple(sizes), tuple(order), _partial(loops, sizes), ()
+
+
+def _partial(loops: tuple[Extent, ...], sizes: list[int]) -> tuple[int, ...]:
+    """The loops whose last tile may be partial: a dynamic size tiled by more than 1."""
+    return tuple(d for d, (n, t) in enumerate(zip(loops, sizes, strict=True)) if n is None and t > 1)
 
 
 def _matmul_loops(op: ir.Operation) -> tuple[int, int] | None:
@@ -464,8 +489,9 @@ def _collapse_reductions(op: ir.Operation) -> None:
                 start = operand_dims.index(first)
                 groups = [[i] for i in range(start)] + [list(range(start, start + len(run)))]
                 groups += [[i] for i in range(start + len(run), len(operand_dims))]
-                shape = ir.RankedTensorType(value.type).shape
-                collapsed = [math.prod(shape[i] for i in g) for g in groups]
+                shape = _shape(value)
+                collapsed = [ir.ShapedType.get_dynamic_size() if any(shape[i] is None for i in g)
+                             else math.prod(shape[i] for i in g) for g in groups]
                 result = ir.RankedTensorType.get(collapsed, ir.RankedTensorType(value.type).element_type)
                 value = tensor.CollapseShapeOp(result, value, [[*g] for g in groups]).result
                 operand_dims = operand_dims[:start + 1] + operand_dims[start + len(run):]
@@ -505,9 +531,10 @@ def _materialize(op: ir.Operation, value: ir.Value, domain: list[int]) -> ir.Val
         return ir.AffineMapAttr.get(ir.AffineMap.get(len(domain), 0, exprs))
 
     element = value.type
-    result = ir.RankedTensorType.get([sizes[d] for d in domain], element)
+    sources = _loop_dim_sources(op)
     with ir.InsertionPoint(op), op.location:
-        empty = tensor.EmptyOp([sizes[d] for d in domain], element).result
+        empty = tensor.EmptyOp([_dim(*sources[d]) if sizes[d] is None else sizes[d] for d in domain], element).result
+        result = empty.type
         generic = linalg.GenericOp([result], [operands[a] for a in args], [empty],
                                    ir.ArrayAttr.get([amap(maps[a]) for a in args] + [amap(domain)]),
                                    ir.ArrayAttr.get([parallel] * len(domain)))
@@ -594,26 +621,29 @@ def _map_dims(op: ir.Operation) -> list[list[int]]:
             for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
 
 
-def _loop_sizes(op: ir.Operation) -> tuple[int, ...] | None:
-    """Static loop sizes of a linalg op this schedule handles, else None."""
+def _loop_sizes(op: ir.Operation) -> tuple[Extent, ...] | None:
+    """Loop sizes of a linalg op this schedule handles (None for a size known at run time
+    only), else None."""
     if op.name not in _CONTRACTIONS and op.name not in _VECTORIZABLE and op.name != _CONV:
         return None
     shaped = [t for t in [v.type for v in op.operands] + [r.type for r in op.results] if isinstance(t, ir.ShapedType)]
-    if not all(isinstance(t, ir.RankedTensorType) and t.has_static_shape for t in shaped):
+    if not all(isinstance(t, ir.RankedTensorType) for t in shaped):
         return None
     if not all(_vector_element(ir.ShapedType(t).element_type) for t in shaped):
         return None
     if op.name in _CONTRACTIONS:
         if "indexing_maps" in op.attributes and str(op.attributes["indexing_maps"]) != _PLAIN_MAPS[op.name]:
             return None  # a transposed or broadcast variant
-        a, b = (ir.RankedTensorType(v.type).shape for v in list(op.operands)[:2])
+        a, b = (_shape(v) for v in list(op.operands)[:2])
         return (*a[:-1], b[-1], a[-1])  # (batch...,) m, n, k
     if op.name == _CONV:
-        w = ir.RankedTensorType(op.operands[1].type).shape
-        n, oh, ow, f = ir.RankedTensorType(op.results[0].type).shape
+        w = _shape(op.operands[1])
+        n, oh, ow, f = _shape(op.results[0])
+        if None in w or f is None:
+            return None
         return (n, oh, ow, f, w[1], w[2], w[3])
     if op.name != "linalg.generic":
-        return tuple(ir.RankedTensorType(op.results[0].type).shape)  # fill, transpose: the output's
+        return tuple(_shape(op.results[0]))  # fill, transpose: the output's
     if not _plain_body(op):
         return None
     maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
@@ -626,15 +656,41 @@ def _loop_sizes(op: ir.Operation) -> tuple[int, ...] | None:
     return tuple(sizes[d] for d in range(n))
 
 
-def _generic_loop_sizes(op: ir.Operation) -> dict[int, int]:
+def _generic_loop_sizes(op: ir.Operation) -> dict[int, Extent]:
     """The size of each loop of a generic (whose maps are projected permutations) that indexes
-    a ranked operand."""
-    sizes: dict[int, int] = {}
+    a ranked operand: None if every operand indexed by it has a dynamic size there."""
+    sizes: dict[int, Extent] = {}
     for value, dims in zip(op.operands, _map_dims(op), strict=True):
-        shape = ir.RankedTensorType(value.type).shape if isinstance(value.type, ir.RankedTensorType) else []
+        shape = _shape(value) if isinstance(value.type, ir.RankedTensorType) else []
         for d, size in zip(dims, shape, strict=True):
-            sizes[d] = size
+            if sizes.get(d) is None:
+                sizes[d] = size
     return sizes
+
+
+def _shape(value: ir.Value) -> list[Extent]:
+    """The shape of a ranked tensor value, None for each dynamic dimension."""
+    t = ir.RankedTensorType(value.type)
+    return [None if t.is_dynamic_dim(i) else t.shape[i] for i in range(t.rank)]
+
+
+def _loop_dim_sources(op: ir.Operation) -> dict[int, tuple[ir.Value, int]]:
+    """For each loop of a generic, an operand and the dimension of it that the loop runs along."""
+    found: dict[int, tuple[ir.Value, int]] = {}
+    for value, dims in zip(op.operands, _map_dims(op), strict=True):
+        if isinstance(value.type, ir.RankedTensorType):
+            for i, d in enumerate(dims):
+                found.setdefault(d, (value, i))
+    return found
+
+
+def _dim(value: ir.Value, i: int) -> int | ir.Value:
+    """Dimension `i` of a ranked tensor: its static size, or a tensor.dim op's result (built at
+    the current insertion point)."""
+    size = _shape(value)[i]
+    if size is not None:
+        return size
+    return tensor.DimOp(value, arith.ConstantOp(ir.IndexType.get(), i).result).result
 
 
 def _vector_element(t: ir.Type) -> bool:
@@ -662,35 +718,103 @@ def _divisor(n: int, target: int) -> int:
     return next(d for d in range(min(n, target), 0, -1) if n % d == 0)
 
 
+def _tile(n: Extent, target: int) -> int:
+    """The tile of a loop of size `n`: the largest divisor of a static size up to `target`;
+    `target` itself for a size known at run time only (its last tile may be partial)."""
+    return target if n is None else _divisor(n, target)
+
+
 def _key(key: Key) -> str:
-    kind, sizes, order = key
-    return f"{kind}:{'x'.join(map(str, sizes))}:{'.'.join(map(str, order))}"
+    kind, sizes, order, masked, rows = key
+    parts = [kind, "x".join(map(str, sizes)), *(".".join(map(str, x)) for x in (order, masked, rows))]
+    return ":".join(parts)
 
 
 def _script(groups: dict[Key, list[ir.Operation]]) -> str:
+    """The transform script: tile each group's ops and vectorize the tiles.
+
+    A group with partial tiles (`plan`) has each such tile loop peeled, innermost first, into a
+    loop of whole tiles and a remainder loop. A remainder of a `rows` loop is tiled again by 1
+    (and marked: the key with "+rows"). After canonicalization gives the whole tiles static
+    shapes, every copy of the tile is vectorized with its tile sizes as vector sizes: whole tiles
+    exactly as static ones, tiles partial in a `masked` loop with masks.
+    """
     lines = [
         "module attributes {transform.with_named_sequence} {",
         "transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {",
     ]
     any_op = "!transform.any_op"
+    peeled = []
     for i, key in enumerate(groups):
-        kind, sizes, order = key
-        results = ", ".join([any_op] * (1 + len(sizes)))
-        lines.append(f'  %ops{i} = transform.structured.match attributes{{{_TILE_ATTR} = "{_key(key)}"}}'
-                     f" in %root : ({any_op}) -> {any_op}")
+        kind, sizes, order, masked, rows = key
+        # a rows loop is tiled first with the loops inside it (the reduction) left untiled,
+        # which the whole tiles and the remainder then tile differently
+        rows_at = min((order.index(d) for d in rows), default=len(order))
+        inner = order[rows_at + 1:]
+        first = [0 if d in inner else t for d, t in enumerate(sizes)]
+        results = ", ".join([any_op] * (1 + sum(1 for t in first if t)))
+        lines.append(f"  %ops{i} = {_match(_key(key))}")
         if kind == _CONV:  # filter to HWCF, then each tile (one output row, one filter tap) is a 1-D conv
             lines.append(f"  %ops{i}_hwcf = transform.structured.transpose_conv2d %ops{i} : ({any_op}) -> {any_op}")
-        lines.append(f"  %tiled{i}, %loops{i}:{len(sizes)} = transform.structured.tile_using_for "
-                     f"%ops{i}{'_hwcf' if kind == _CONV else ''} tile_sizes [{', '.join(map(str, sizes))}]"
+        lines.append(f"  %tiled{i}, %loops{i}:{len(order) - len(inner)} = transform.structured.tile_using_for "
+                     f"%ops{i}{'_hwcf' if kind == _CONV else ''} tile_sizes [{', '.join(map(str, first))}]"
                      f" interchange = [{', '.join(map(str, order))}]"
                      f" : ({any_op}) -> ({results})")
-        if kind == _CONV:
-            lines.append(f"  %tiled{i}_1d = transform.structured.decompose %tiled{i} : ({any_op}) -> {any_op}")
-        lines.append(f"  transform.structured.vectorize %tiled{i}{'_1d' if kind == _CONV else ''} : {any_op}")
+        if not masked and not rows:
+            if kind == _CONV:
+                lines.append(f"  %tiled{i}_1d = transform.structured.decompose %tiled{i} : ({any_op}) -> {any_op}")
+            lines.append(f"  transform.structured.vectorize %tiled{i}{'_1d' if kind == _CONV else ''} : {any_op}")
+            continue
+        peeled.append((i, key))
+        assert len(rows) <= 1 and all(order.index(d) < rows_at for d in masked), key
+        for p in reversed(range(rows_at + 1 if rows else len(order))):
+            d = order[p]
+            if d not in masked and d not in rows:
+                continue
+            lines.append(f"  %for{i}_{p} = transform.cast %loops{i}#{p} : {any_op} to {_FOR}")
+            lines.append(f"  %main{i}_{p}, %rest{i}_{p} = transform.loop.peel %for{i}_{p}"
+                         f" : ({_FOR}) -> ({any_op}, {any_op})")
+            if d not in rows:
+                continue
+            for part, name in ((f"%main{i}_{p}", _key(key)), (f"%rest{i}_{p}", _key(key) + "+rows")):
+                again = ", ".join(str(t) if e in inner else "1" if e == d and "+" in name else "0"
+                                  for e, t in enumerate(sizes))
+                n_loops = len(inner) + ("+" in name)
+                lines += [
+                    f"  transform.foreach {part} : {any_op} {{",
+                    f"  ^bb0(%part: {any_op}):",
+                    f'    %in_part = transform.structured.match attributes{{{_TILE_ATTR} = "{_key(key)}"}}'
+                    f" in %part : ({any_op}) -> {any_op}",
+                    f"    %again, %again_loops:{n_loops} = transform.structured.tile_using_for %in_part"
+                    f" tile_sizes [{again}] interchange = [{', '.join(map(str, order))}]"
+                    f" : ({any_op}) -> ({', '.join([any_op] * (1 + n_loops))})",
+                    f'    %name = transform.param.constant "{name}" -> !transform.any_param',
+                    f'    transform.annotate %again "{_TILE_ATTR}" = %name : {any_op}, !transform.any_param',
+                    "  }",
+                ]
     lines.append(f'  %funcs = transform.structured.match ops{{["func.func"]}} in %root : ({any_op}) -> {any_op}')
+    if peeled:
+        # the whole tiles' sizes are constants after peeling: fold them into the types
+        lines += [f"  transform.foreach %funcs : {any_op} {{", f"  ^bb0(%func: {any_op}):",
+                  f"    transform.apply_patterns to %func {{ transform.apply_patterns.canonicalization }} : {any_op}",
+                  "  }"]
+        for i, key in peeled:
+            _, sizes, _, _, rows = key
+            variants = [(_key(key), sizes)]
+            if rows:
+                variants.append((_key(key) + "+rows", tuple(1 if d in rows else t for d, t in enumerate(sizes))))
+            for j, (name, vector) in enumerate(variants):
+                lines.append(f"  %again{i}_{j} = {_match(name)}")
+                lines.append(f"  transform.structured.vectorize %again{i}_{j} vector_sizes "
+                             f"[{', '.join(map(str, vector))}] : {any_op}")
     lines += [f"  transform.foreach %funcs : {any_op} {{", f"  ^bb0(%func: {any_op}):", _LOWERING, "  }"]
     lines += ["  transform.yield", "}", "}"]
     return "\n".join(lines)
+
+
+def _match(key: str) -> str:
+    return (f'transform.structured.match attributes{{{_TILE_ATTR} = "{key}"}} in %root'
+            " : (!transform.any_op) -> !transform.any_op")
 
 
 def _reassociate_reductions(module: ir.Module) -> None:
