@@ -776,22 +776,8 @@ def _script(groups: dict[Key, list[ir.Operation]]) -> str:
                          f" : ({_FOR}) -> ({any_op}, {any_op})")
             if d not in rows:
                 continue
-            for part, name in ((f"%main{i}_{p}", _key(key)), (f"%rest{i}_{p}", _key(key) + "+rows")):
-                again = ", ".join(str(t) if e in inner else "1" if e == d and "+" in name else "0"
-                                  for e, t in enumerate(sizes))
-                n_loops = len(inner) + ("+" in name)
-                lines += [
-                    f"  transform.foreach {part} : {any_op} {{",
-                    f"  ^bb0(%part: {any_op}):",
-                    f'    %in_part = transform.structured.match attributes{{{_TILE_ATTR} = "{_key(key)}"}}'
-                    f" in %part : ({any_op}) -> {any_op}",
-                    f"    %again, %again_loops:{n_loops} = transform.structured.tile_using_for %in_part"
-                    f" tile_sizes [{again}] interchange = [{', '.join(map(str, order))}]"
-                    f" : ({any_op}) -> ({', '.join([any_op] * (1 + n_loops))})",
-                    f'    %name = transform.param.constant "{name}" -> !transform.any_param',
-                    f'    transform.annotate %again "{_TILE_ATTR}" = %name : {any_op}, !transform.any_param',
-                    "  }",
-                ]
+            lines += _retile(f"%main{i}_{p}", _key(key), sizes, order, inner, d, sizes[d], True)
+            lines += _rows_remainder(f"%rest{i}_{p}", key, inner, d, sizes[d] // 2)
     lines.append(f'  %funcs = transform.structured.match ops{{["func.func"]}} in %root : ({any_op}) -> {any_op}')
     if peeled:
         # the whole tiles' sizes are constants after peeling: fold them into the types
@@ -801,8 +787,11 @@ def _script(groups: dict[Key, list[ir.Operation]]) -> str:
         for i, key in peeled:
             _, sizes, _, _, rows = key
             variants = [(_key(key), sizes)]
-            if rows:
-                variants.append((_key(key) + "+rows", tuple(1 if d in rows else t for d, t in enumerate(sizes))))
+            for d in rows:
+                t = sizes[d] // 2
+                while t >= 1:
+                    variants.append((f"{_key(key)}+rows{t}", tuple(t if e == d else s for e, s in enumerate(sizes))))
+                    t //= 2
             for j, (name, vector) in enumerate(variants):
                 lines.append(f"  %again{i}_{j} = {_match(name)}")
                 lines.append(f"  transform.structured.vectorize %again{i}_{j} vector_sizes "
@@ -810,6 +799,59 @@ def _script(groups: dict[Key, list[ir.Operation]]) -> str:
     lines += [f"  transform.foreach %funcs : {any_op} {{", f"  ^bb0(%func: {any_op}):", _LOWERING, "  }"]
     lines += ["  transform.yield", "}", "}"]
     return "\n".join(lines)
+
+
+def _rows_remainder(rest: str, key: Key, inner: tuple[int, ...], d: int, t: int, depth: int = 0) -> list[str]:
+    """Script lines tiling the ops in the remainder loops `rest` of rows loop `d`: rows tiles of
+    `t`, peeled, their remainder in tiles of t / 2, down to 1 (at most one tile of each size:
+    a remainder of 7 rows is 4 + 2 + 1, each with its register tile)."""
+    any_op = "!transform.any_op"
+    _, sizes, order, _, _ = key
+    part = f"%rows_rest{depth}"
+    lines = [f"  transform.foreach {rest} : {any_op} {{", f"  ^bb0({part}: {any_op}):"]
+    if t == 1:
+        return [*lines, *_retile(part, _key(key), sizes, order, inner, d, 1, False), "  }"]
+    # one tile of all of them first, then tiles of `t`, peeled: that tile's size is an
+    # affine.min, which peeling simplifies (it does not see through the remainder's own size)
+    all_rows, tiles = (", ".join(str(n) if e == d else "0" for e in range(len(sizes))) for n in (2 * t, t))
+    loop = f"%rows_loop{depth}"
+    lines += [f'    %in_part{depth} = transform.structured.match attributes{{{_TILE_ATTR} = "{_key(key)}"}}'
+              f" in {part} : ({any_op}) -> {any_op}",
+              f"    %all_rows{depth}, %all_loop{depth} = transform.structured.tile_using_for %in_part{depth}"
+              f" tile_sizes [{all_rows}] : ({any_op}) -> ({any_op}, {any_op})",
+              f"    %rows_op{depth}, {loop} = transform.structured.tile_using_for %all_rows{depth}"
+              f" tile_sizes [{tiles}] : ({any_op}) -> ({any_op}, {any_op})",
+              f"    {loop}_for = transform.cast {loop} : {any_op} to {_FOR}",
+              f"    %rows_main{depth}, %rows_next{depth} = transform.loop.peel {loop}_for"
+              f" : ({_FOR}) -> ({any_op}, {any_op})"]
+    lines += _retile(f"%rows_main{depth}", _key(key), sizes, order, inner, d, t, True)
+    lines += _rows_remainder(f"%rows_next{depth}", key, inner, d, t // 2, depth + 1)
+    return [*lines, "  }"]
+
+
+def _retile(parts: str, key: str, sizes: tuple[int, ...], order: tuple[int, ...], inner: tuple[int, ...],
+            d: int, rows: int, whole: bool) -> list[str]:
+    """Script lines tiling the loops `inner` (inside rows loop `d`) of the ops of group `key`
+    in each of the ops `parts`, and rows loop `d` by `rows` unless `whole` (peeled whole tiles
+    of `rows` already). Tiles of fewer rows than the group's are marked with the key and
+    "+rows<rows>", which `_script` vectorizes with `rows` rows."""
+    any_op = "!transform.any_op"
+    again = ", ".join(str(t) if e in inner else str(rows) if e == d and not whole else "0"
+                      for e, t in enumerate(sizes))
+    n_loops = len(inner) + (not whole)
+    lines = [
+        f"  transform.foreach {parts} : {any_op} {{",
+        f"  ^bb0(%part: {any_op}):",
+        f'    %in_part = transform.structured.match attributes{{{_TILE_ATTR} = "{key}"}}'
+        f" in %part : ({any_op}) -> {any_op}",
+        f"    %again, %again_loops:{n_loops} = transform.structured.tile_using_for %in_part"
+        f" tile_sizes [{again}] interchange = [{', '.join(map(str, order))}]"
+        f" : ({any_op}) -> ({', '.join([any_op] * (1 + n_loops))})",
+    ]
+    if rows != sizes[d]:
+        lines += [f'    %name = transform.param.constant "{key}+rows{rows}" -> !transform.any_param',
+                  f'    transform.annotate %again "{_TILE_ATTR}" = %name : {any_op}, !transform.any_param']
+    return [*lines, "  }"]
 
 
 def _match(key: str) -> str:
