@@ -55,11 +55,10 @@ _VECTORIZABLE = ("linalg.generic", "linalg.fill", "linalg.transpose", "linalg.co
 _TILE_ATTR = "torchtosa.tile"
 _FOR = '!transform.op<"scf.for">'
 Extent = int | None  # a loop's size; None if known at run time only
-# tile sizes, order of the tile loops, and the loops whose last tile may be partial (a dynamic
-# size): `masked` ones (a partial tile is vectorized with masks), `rows` ones (a partial tile is
-# tiled by 1 again: a matmul's rows, whose masked register tile does not lower)
+# tile sizes, order of the tile loops, the loops whose last tile may be partial (a dynamic size,
+# see `_Remainders`), and which of those are a matmul's rows
 Tiling = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
-# (conv or "", tile sizes, loop order, masked loops, rows loops)
+# (conv or "", tile sizes, loop order, partial loops, rows loops)
 Key = tuple[str, tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
 # After tiling and vectorizing: contractions become outer products with their accumulators in
@@ -318,7 +317,7 @@ def plan(op: ir.Operation) -> Tiling | None:
         order.remove(n)
         order.insert(order.index(m), n)
         partial = _partial(loops, sizes)
-        return tuple(sizes), tuple(order), tuple(d for d in partial if d != m), tuple(d for d in partial if d == m)
+        return tuple(sizes), tuple(order), partial, tuple(d for d in partial if d == m)
     sizes[-1] = _tile(loops[-1], VECTOR_WIDTH)
     inner = _transposed_inner_loop(op, len(loops))
     if inner is not None:  # a square tile, transposed in registers, instead of a strided gather
@@ -725,19 +724,17 @@ def _tile(n: Extent, target: int) -> int:
 
 
 def _key(key: Key) -> str:
-    kind, sizes, order, masked, rows = key
-    parts = [kind, "x".join(map(str, sizes)), *(".".join(map(str, x)) for x in (order, masked, rows))]
+    kind, sizes, order, partial, rows = key
+    parts = [kind, "x".join(map(str, sizes)), *(".".join(map(str, x)) for x in (order, partial, rows))]
     return ":".join(parts)
 
 
 def _script(groups: dict[Key, list[ir.Operation]]) -> str:
     """The transform script: tile each group's ops and vectorize the tiles.
 
-    A group with partial tiles (`plan`) has each such tile loop peeled, innermost first, into a
-    loop of whole tiles and a remainder loop. A remainder of a `rows` loop is tiled again by 1
-    (and marked: the key with "+rows"). After canonicalization gives the whole tiles static
-    shapes, every copy of the tile is vectorized with its tile sizes as vector sizes: whole tiles
-    exactly as static ones, tiles partial in a `masked` loop with masks.
+    A group with partial tiles (`plan`) is tiled by `_Remainders`: whole tiles as static ones,
+    the remainder in smaller static tiles. After canonicalization has given every tile its
+    static shape, all are vectorized without masks.
     """
     lines = [
         "module attributes {transform.with_named_sequence} {",
@@ -746,112 +743,122 @@ def _script(groups: dict[Key, list[ir.Operation]]) -> str:
     any_op = "!transform.any_op"
     peeled = []
     for i, key in enumerate(groups):
-        kind, sizes, order, masked, rows = key
-        # a rows loop is tiled first with the loops inside it (the reduction) left untiled,
-        # which the whole tiles and the remainder then tile differently
-        rows_at = min((order.index(d) for d in rows), default=len(order))
-        inner = order[rows_at + 1:]
-        first = [0 if d in inner else t for d, t in enumerate(sizes)]
-        results = ", ".join([any_op] * (1 + sum(1 for t in first if t)))
+        kind, sizes, order, partial, _ = key
         lines.append(f"  %ops{i} = {_match(_key(key))}")
+        if partial:
+            peeled.append(i)
+            lines += _Remainders(key, f"g{i}_").dim(f"%ops{i}", 0)
+            continue
+        results = ", ".join([any_op] * (1 + len(sizes)))
         if kind == _CONV:  # filter to HWCF, then each tile (one output row, one filter tap) is a 1-D conv
             lines.append(f"  %ops{i}_hwcf = transform.structured.transpose_conv2d %ops{i} : ({any_op}) -> {any_op}")
-        lines.append(f"  %tiled{i}, %loops{i}:{len(order) - len(inner)} = transform.structured.tile_using_for "
-                     f"%ops{i}{'_hwcf' if kind == _CONV else ''} tile_sizes [{', '.join(map(str, first))}]"
+        lines.append(f"  %tiled{i}, %loops{i}:{len(sizes)} = transform.structured.tile_using_for "
+                     f"%ops{i}{'_hwcf' if kind == _CONV else ''} tile_sizes [{', '.join(map(str, sizes))}]"
                      f" interchange = [{', '.join(map(str, order))}]"
                      f" : ({any_op}) -> ({results})")
-        if not masked and not rows:
-            if kind == _CONV:
-                lines.append(f"  %tiled{i}_1d = transform.structured.decompose %tiled{i} : ({any_op}) -> {any_op}")
-            lines.append(f"  transform.structured.vectorize %tiled{i}{'_1d' if kind == _CONV else ''} : {any_op}")
-            continue
-        peeled.append((i, key))
-        assert len(rows) <= 1 and all(order.index(d) < rows_at for d in masked), key
-        for p in reversed(range(rows_at + 1 if rows else len(order))):
-            d = order[p]
-            if d not in masked and d not in rows:
-                continue
-            lines.append(f"  %for{i}_{p} = transform.cast %loops{i}#{p} : {any_op} to {_FOR}")
-            lines.append(f"  %main{i}_{p}, %rest{i}_{p} = transform.loop.peel %for{i}_{p}"
-                         f" : ({_FOR}) -> ({any_op}, {any_op})")
-            if d not in rows:
-                continue
-            lines += _retile(f"%main{i}_{p}", _key(key), sizes, order, inner, d, sizes[d], True)
-            lines += _rows_remainder(f"%rest{i}_{p}", key, inner, d, sizes[d] // 2)
+        if kind == _CONV:
+            lines.append(f"  %tiled{i}_1d = transform.structured.decompose %tiled{i} : ({any_op}) -> {any_op}")
+        lines.append(f"  transform.structured.vectorize %tiled{i}{'_1d' if kind == _CONV else ''} : {any_op}")
     lines.append(f'  %funcs = transform.structured.match ops{{["func.func"]}} in %root : ({any_op}) -> {any_op}')
     if peeled:
-        # the whole tiles' sizes are constants after peeling: fold them into the types
+        # the tiles' sizes are constants after peeling: fold them into the types
         lines += [f"  transform.foreach %funcs : {any_op} {{", f"  ^bb0(%func: {any_op}):",
                   f"    transform.apply_patterns to %func {{ transform.apply_patterns.canonicalization }} : {any_op}",
                   "  }"]
-        for i, key in peeled:
-            _, sizes, _, _, rows = key
-            variants = [(_key(key), sizes)]
-            for d in rows:
-                t = sizes[d] // 2
-                while t >= 1:
-                    variants.append((f"{_key(key)}+rows{t}", tuple(t if e == d else s for e, s in enumerate(sizes))))
-                    t //= 2
-            for j, (name, vector) in enumerate(variants):
-                lines.append(f"  %again{i}_{j} = {_match(name)}")
-                lines.append(f"  transform.structured.vectorize %again{i}_{j} vector_sizes "
-                             f"[{', '.join(map(str, vector))}] : {any_op}")
+        for i in peeled:
+            lines.append(f"  %again{i} = {_match(_key(list(groups)[i]))}")
+            lines.append(f"  transform.structured.vectorize %again{i} : {any_op}")
     lines += [f"  transform.foreach %funcs : {any_op} {{", f"  ^bb0(%func: {any_op}):", _LOWERING, "  }"]
     lines += ["  transform.yield", "}", "}"]
     return "\n".join(lines)
 
 
-def _rows_remainder(rest: str, key: Key, inner: tuple[int, ...], d: int, t: int, depth: int = 0) -> list[str]:
-    """Script lines tiling the ops in the remainder loops `rest` of rows loop `d`: rows tiles of
-    `t`, peeled, their remainder in tiles of t / 2, down to 1 (at most one tile of each size:
-    a remainder of 7 rows is 4 + 2 + 1, each with its register tile)."""
-    any_op = "!transform.any_op"
-    _, sizes, order, _, _ = key
-    part = f"%rows_rest{depth}"
-    lines = [f"  transform.foreach {rest} : {any_op} {{", f"  ^bb0({part}: {any_op}):"]
-    if t == 1:
-        return [*lines, *_retile(part, _key(key), sizes, order, inner, d, 1, False), "  }"]
-    # one tile of all of them first, then tiles of `t`, peeled: that tile's size is an
-    # affine.min, which peeling simplifies (it does not see through the remainder's own size)
-    all_rows, tiles = (", ".join(str(n) if e == d else "0" for e in range(len(sizes))) for n in (2 * t, t))
-    loop = f"%rows_loop{depth}"
-    lines += [f'    %in_part{depth} = transform.structured.match attributes{{{_TILE_ATTR} = "{_key(key)}"}}'
-              f" in {part} : ({any_op}) -> {any_op}",
-              f"    %all_rows{depth}, %all_loop{depth} = transform.structured.tile_using_for %in_part{depth}"
-              f" tile_sizes [{all_rows}] : ({any_op}) -> ({any_op}, {any_op})",
-              f"    %rows_op{depth}, {loop} = transform.structured.tile_using_for %all_rows{depth}"
-              f" tile_sizes [{tiles}] : ({any_op}) -> ({any_op}, {any_op})",
-              f"    {loop}_for = transform.cast {loop} : {any_op} to {_FOR}",
-              f"    %rows_main{depth}, %rows_next{depth} = transform.loop.peel {loop}_for"
-              f" : ({_FOR}) -> ({any_op}, {any_op})"]
-    lines += _retile(f"%rows_main{depth}", _key(key), sizes, order, inner, d, t, True)
-    lines += _rows_remainder(f"%rows_next{depth}", key, inner, d, t // 2, depth + 1)
-    return [*lines, "  }"]
+class _Remainders:
+    """Transform-script lines tiling a group's ops whose `partial` loops (a dynamic size) may end
+    in a partial tile, so that every tile has a static shape.
 
+    The partial loops are taken outermost first. Each is tiled (with the loops before it; the
+    loops inside it wait) and peeled into whole tiles and a remainder, which is tiled by the next
+    smaller size of `_levels` and peeled again, down to 1: a remainder of 7 matmul rows is one
+    tile of 4, one of 2 and one of 1, each a static register tile. Inside each of these, the next
+    partial loop is tiled the same way; the loops after the last one last (a matmul's reduction
+    loop stays inside its row loop, so the accumulators stay in registers).
+    """
 
-def _retile(parts: str, key: str, sizes: tuple[int, ...], order: tuple[int, ...], inner: tuple[int, ...],
-            d: int, rows: int, whole: bool) -> list[str]:
-    """Script lines tiling the loops `inner` (inside rows loop `d`) of the ops of group `key`
-    in each of the ops `parts`, and rows loop `d` by `rows` unless `whole` (peeled whole tiles
-    of `rows` already). Tiles of fewer rows than the group's are marked with the key and
-    "+rows<rows>", which `_script` vectorizes with `rows` rows."""
-    any_op = "!transform.any_op"
-    again = ", ".join(str(t) if e in inner else str(rows) if e == d and not whole else "0"
-                      for e, t in enumerate(sizes))
-    n_loops = len(inner) + (not whole)
-    lines = [
-        f"  transform.foreach {parts} : {any_op} {{",
-        f"  ^bb0(%part: {any_op}):",
-        f'    %in_part = transform.structured.match attributes{{{_TILE_ATTR} = "{key}"}}'
-        f" in %part : ({any_op}) -> {any_op}",
-        f"    %again, %again_loops:{n_loops} = transform.structured.tile_using_for %in_part"
-        f" tile_sizes [{again}] interchange = [{', '.join(map(str, order))}]"
-        f" : ({any_op}) -> ({', '.join([any_op] * (1 + n_loops))})",
-    ]
-    if rows != sizes[d]:
-        lines += [f'    %name = transform.param.constant "{key}+rows{rows}" -> !transform.any_param',
-                  f'    transform.annotate %again "{_TILE_ATTR}" = %name : {any_op}, !transform.any_param']
-    return [*lines, "  }"]
+    def __init__(self, key: Key, prefix: str) -> None:
+        _, self.sizes, self.order, partial, self.rows = key
+        self.partial = sorted(partial, key=self.order.index)
+        self.match = _key(key)
+        self.prefix = prefix
+        self.count = 0
+
+    def _name(self, what: str) -> str:
+        self.count += 1
+        return f"%{self.prefix}{what}{self.count}"
+
+    def _tile(self, op: str, tiles: dict[int, int]) -> tuple[str, list[str], list[str]]:
+        """Tile `op` by `tiles` (loop -> size): the tiled op, the loops (in loop order), the lines."""
+        any_op = "!transform.any_op"
+        tiled = self._name("tiled")
+        loops = [self._name("loop") for d in self.order if d in tiles]
+        sizes = ", ".join(str(tiles.get(d, 0)) for d in range(len(self.sizes)))
+        types = ", ".join([any_op] * (1 + len(loops)))
+        line = (f"    {', '.join([tiled, *loops])} = transform.structured.tile_using_for {op} tile_sizes [{sizes}]"
+                f" interchange = [{', '.join(map(str, self.order))}] : ({any_op}) -> ({types})")
+        return tiled, loops, [line]
+
+    def _peel(self, loop: str) -> tuple[str, str, list[str]]:
+        any_op = "!transform.any_op"
+        cast, main, rest = self._name("for"), self._name("main"), self._name("rest")
+        return main, rest, [f"    {cast} = transform.cast {loop} : {any_op} to {_FOR}",
+                            f"    {main}, {rest} = transform.loop.peel {cast} : ({_FOR}) -> ({any_op}, {any_op})"]
+
+    def _inside(self, parts: str, k: int, level: int | None = None) -> list[str]:
+        """For each of the loops `parts`: its op, tiled from partial loop `k` on (or, given
+        `level`, the remainder of loop k's tiles of `_levels(k)[level - 1]`)."""
+        any_op = "!transform.any_op"
+        part, op = self._name("part"), self._name("op")
+        lines = [f"  transform.foreach {parts} : {any_op} {{", f"  ^bb0({part}: {any_op}):",
+                 f'    {op} = transform.structured.match attributes{{{_TILE_ATTR} = "{self.match}"}}'
+                 f" in {part} : ({any_op}) -> {any_op}"]
+        lines += self.dim(op, k) if level is None else self.remainder(op, k, level)
+        return [*lines, "  }"]
+
+    def _start(self, k: int) -> int:
+        return self.order.index(self.partial[k - 1]) + 1 if k else 0
+
+    def _levels(self, k: int) -> list[int]:
+        d = self.partial[k]
+        levels = [self.sizes[d]]
+        while levels[-1] > 1:  # rows by halves (at most one tile of each), other loops by quarters
+            levels.append(levels[-1] // 2 if d in self.rows else max(1, levels[-1] // 4))
+        return levels
+
+    def dim(self, op: str, k: int) -> list[str]:
+        """Lines tiling `op` from partial loop `k` on (untiled from loop `_start(k)` on)."""
+        if k == len(self.partial):  # the loops after the last partial one
+            rest = {d: self.sizes[d] for d in self.order[self._start(k):]}
+            return self._tile(op, rest)[2] if rest else []
+        d = self.partial[k]
+        tiles = {e: self.sizes[e] for e in self.order[self._start(k):self.order.index(d) + 1]}
+        _, loops, lines = self._tile(op, tiles)
+        main, rest, peel = self._peel(loops[-1])
+        return lines + peel + self._inside(main, k + 1) + self._inside(rest, k, 1)
+
+    def remainder(self, op: str, k: int, level: int) -> list[str]:
+        """Lines tiling `op`, the remainder of partial loop `k`'s tiles of `_levels(k)[level - 1]`,
+        by the next level: tiles of that size peeled, their remainder by the next, and so on."""
+        d = self.partial[k]
+        levels = self._levels(k)
+        # one tile of the whole remainder first: its size is then an affine.min, which peeling
+        # simplifies in the whole tiles (it does not see through the remainder's own size)
+        whole, _, lines = self._tile(op, {d: levels[level - 1]})
+        tiled, loops, more = self._tile(whole, {d: levels[level]})
+        lines += more
+        if levels[level] == 1:
+            return lines + self.dim(tiled, k + 1)
+        main, rest, peel = self._peel(loops[0])
+        return lines + peel + self._inside(main, k + 1) + self._inside(rest, k, level + 1)
 
 
 def _match(key: str) -> str:
