@@ -55,8 +55,8 @@ PIPELINES: dict[str, str] = {
     # Dynamic shapes only (`_DYNAMIC_STAGES`): tosa-to-tensor reshapes a dynamic tensor by
     # collapsing it to 1-D and expanding that, which stops elementwise fusion (a bias add and
     # the activation after it stayed two loops). Canonicalize has made such pairs one reshape
-    # by now; fusion moves it, and once canonicalize has dropped the size queries that kept
-    # the producer's result used twice, fuses the two.
+    # by now; fusion moves it, and once size queries of the producer's result are answered
+    # from its operands (resolve-...-dims) and dropped, fuses the two.
     "fuse-dynamic": "builtin.module(" + ",".join(["func.func(resolve-ranked-shaped-type-result-dims),canonicalize,"
                                                   "linalg-fuse-elementwise-ops,canonicalize,cse"] * 2) + ")",
     # opt="default" only: drop unit dimensions so that broadcasts such as a bias add become

@@ -22,8 +22,11 @@ exactly as in the reference pipeline (opt="none").
   transposed in registers. Vector reductions are marked reassociable so LLVM sums them as trees.
 - Vector math (exp, erf, tanh, ...) becomes libmvec calls where usable (`vecmath`).
 
-Tile sizes always divide the loop sizes, so every tile has a static shape and needs no masks:
-a loop whose size has no divisor near the target gets a smaller tile, down to 1.
+Every tile has a static shape and needs no masks. A static loop gets a tile size that divides
+it: a loop whose size has no divisor near the target gets a smaller tile, down to 1. A loop of
+a dynamic size (a `?` dim: torch.compile(dynamic=True)) gets the target tile and is peeled:
+whole tiles are vectorized exactly as static ones, the remainder is tiled again in smaller
+static tiles (`_Remainders`). Contractions with dynamic rows or batch are packed as static ones.
 """
 
 from __future__ import annotations
@@ -100,8 +103,9 @@ def schedule(module: ir.Module, parallel: bool = False) -> None:
     """Tile and vectorize the linalg ops of `module` (on tensors) in place.
 
     With `parallel`, the column-panel loops of packed contractions of at least
-    PARALLEL_MIN_MACS multiply-adds are `scf.forall` loops (`pack_panels`), which the
-    "openmp" stage of the pipeline makes OpenMP worksharing loops.
+    PARALLEL_MIN_MACS multiply-adds (a dynamic size counted as DYNAMIC_SIZE_GUESS) are
+    `scf.forall` loops (`pack_panels`), which the "openmp" stage of the pipeline makes OpenMP
+    worksharing loops.
     """
     split_prologues(module)
     collapse_reductions(module)
@@ -296,7 +300,9 @@ def plans(module: ir.Module) -> list[tuple[ir.Operation, Tiling]]:
 
 
 def plan(op: ir.Operation) -> Tiling | None:
-    """The tile size of each loop of `op` and the order of the tile loops, or None to leave it alone.
+    """The tile size of each loop of `op`, the order of the tile loops, the loops (of a dynamic
+    size) whose last tile may be partial and which of those are a matmul's rows; or None to
+    leave `op` alone.
 
     Contractions walk the columns (n) outside the rows (m), so one column panel of the second
     input stays in cache while every row tile passes over it.
