@@ -52,6 +52,13 @@ PIPELINES: dict[str, str] = {
     # ops (e.g. a cond_if predicate) into scalars, so they need no buffer.
     "linalg": "builtin.module(canonicalize,linalg-fuse-elementwise-ops,"
     "func.func(linalg-detensorize{aggressive-mode}),canonicalize,cse)",
+    # Dynamic shapes only (`_DYNAMIC_STAGES`): tosa-to-tensor reshapes a dynamic tensor by
+    # collapsing it to 1-D and expanding that, which stops elementwise fusion (a bias add and
+    # the activation after it stayed two loops). Canonicalize has made such pairs one reshape
+    # by now; fusion moves it, and once size queries of the producer's result are answered
+    # from its operands (resolve-...-dims) and dropped, fuses the two.
+    "fuse-dynamic": "builtin.module(" + ",".join(["func.func(resolve-ranked-shaped-type-result-dims),canonicalize,"
+                                                  "linalg-fuse-elementwise-ops,canonicalize,cse"] * 2) + ")",
     # opt="default" only: drop unit dimensions so that broadcasts such as a bias add become
     # projected permutations the schedule can tile; then `schedule.schedule` tiles and
     # vectorizes (a Python stage, running MLIR's transform interpreter).
@@ -86,6 +93,7 @@ PIPELINES: dict[str, str] = {
 OPT_LEVELS = ("none", "default", "parallel")
 _OPTIMIZING_STAGES = ("unit-dims", "schedule")  # skipped by opt="none"
 _PARALLEL_STAGES = ("openmp",)  # run by opt="parallel" only
+_DYNAMIC_STAGES = ("fuse-dynamic",)  # optimizing stages run on modules with dynamic shapes only
 
 
 def check_opt(opt: str) -> str:
@@ -111,12 +119,15 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
     """
     check_opt(opt)
     scratch: list[Scratch] = []
+    results: dict[str, int] = {}
     if opt != "none":
         partition(module)
     for stage, pipeline in PIPELINES.items():
         if stage == stop_before:
             break
         if (stage in _OPTIMIZING_STAGES and opt == "none") or (stage in _PARALLEL_STAGES and opt != "parallel"):
+            continue
+        if stage in _DYNAMIC_STAGES and (opt == "none" or not _dynamic_shapes(module)):
             continue
         if stage == "schedule":
             try:
@@ -131,11 +142,13 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
         if stage in ("fuse-before-reshapes", "linalg"):
             _split_boolean_producers(module)
         if stage == "bufferize":
+            results = _result_counts(module)
             _distinct_results(module)
             _private_empty_tensors(module)
         if stage == "llvm":
             _reject_sub_byte_buffers(module)
             if opt != "none":
+                _results_in_place(module, results)
                 scratch = _promote_allocations(module)
         _verify(module, f"the input of stage {stage!r}")
         try:
@@ -144,6 +157,17 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
             raise CompileError(f"stage {stage!r} failed: {e}") from e
     _verify(module, "the lowered module")
     return scratch
+
+
+def _dynamic_shapes(module: ir.Module) -> bool:
+    """Whether a function of `module` takes or returns a tensor with a dynamic dimension."""
+    for op in module.body.operations:
+        if op.operation.name == "func.func":
+            signature = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+            if any(isinstance(t, ir.RankedTensorType) and not ir.RankedTensorType(t).has_static_shape
+                   for t in [*signature.inputs, *signature.results]):
+                return True
+    return False
 
 
 def _verify(module: ir.Module, what: str) -> None:
@@ -247,6 +271,52 @@ def _carve_arena(func: ir.OpView, internal: set[str]) -> int | None:
             attrs = [*ir.ArrayAttr(func.attributes["arg_attrs"]), ir.DictAttr.get({})]
             func.attributes["arg_attrs"] = ir.ArrayAttr.get(attrs)
     return total
+
+
+def _result_counts(module: ir.Module) -> dict[str, int]:
+    """The number of results of each function of `module` (on tensors: before they become
+    output arguments, the last ones)."""
+    return {ir.StringAttr(op.attributes["sym_name"]).value:
+            len(ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value).results)
+            for op in module.body.operations if op.operation.name == "func.func"}
+
+
+def _results_in_place(module: ir.Module, results: dict[str, int]) -> None:
+    """Compute each dynamically sized result in the caller's output buffer.
+
+    buffer-results-to-out-params hoists only static allocations to the caller: a result of a
+    dynamic size is computed into a buffer of its own, then copied into the output argument.
+    Where that buffer is allocated in the function's entry block, has the output's type, and
+    the copy is its last use but a deallocation, the output argument (one of the last
+    `results[name]` arguments) replaces it.
+    """
+    for func in module.body.operations:
+        if func.operation.name != "func.func" or not func.regions[0].blocks:
+            continue
+        entry = func.regions[0].blocks[0]
+        first_output = len(entry.arguments) - results.get(ir.StringAttr(func.attributes["sym_name"]).value, 0)
+        ops = list(entry.operations)
+        position = {op.operation: i for i, op in enumerate(ops)}
+        for copy in ops:
+            if copy.operation.name != "memref.copy":
+                continue
+            source, target = copy.operands
+            alloc = _defining_op(source)
+            if (alloc is None or alloc.name != "memref.alloc" or alloc.parent != func.operation
+                    or not isinstance(target, ir.BlockArgument) or target.owner != entry
+                    or target.arg_number < first_output
+                    or source.type != target.type or not list(alloc.operands)
+                    or len(list(target.uses)) != 1):
+                continue
+            later = [u.owner for u in source.uses
+                     if position.get(top_level(u.owner, func.operation), -1) > position[copy.operation]]
+            if any(user.name != "memref.dealloc" for user in later):
+                continue
+            for user in later:
+                user.erase()
+            copy.operation.erase()
+            source.replace_all_uses_with(target)
+            alloc.erase()
 
 
 def _owned_elsewhere(user: ir.OpView, internal: set[str]) -> bool:

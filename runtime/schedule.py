@@ -22,8 +22,11 @@ exactly as in the reference pipeline (opt="none").
   transposed in registers. Vector reductions are marked reassociable so LLVM sums them as trees.
 - Vector math (exp, erf, tanh, ...) becomes libmvec calls where usable (`vecmath`).
 
-Tile sizes always divide the loop sizes, so every tile has a static shape and needs no masks:
-a loop whose size has no divisor near the target gets a smaller tile, down to 1.
+Every tile has a static shape and needs no masks. A static loop gets a tile size that divides
+it: a loop whose size has no divisor near the target gets a smaller tile, down to 1. A loop of
+a dynamic size (a `?` dim: torch.compile(dynamic=True)) gets the target tile and is peeled:
+whole tiles are vectorized exactly as static ones, the remainder is tiled again in smaller
+static tiles (`_Remainders`). Contractions with dynamic rows or batch are packed as static ones.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ TRANSPOSE_TILE = 16  # transposes: 16 x 16 tiles
 _CONTRACTIONS = {"linalg.batch_matmul": 1, "linalg.matmul": 0}  # op -> number of batch loops
 _CONV = "linalg.conv_2d_nhwc_fhwc"  # loops (n, oh, ow, f, kh, kw, c)
 PARALLEL_MIN_MACS = 1 << 24  # smaller contractions stay on the calling thread (4M was no faster)
+DYNAMIC_SIZE_GUESS = 64  # what _parallel_worth assumes a size known at run time only to be
 _PLAIN_MAPS = {
     "linalg.batch_matmul": "[affine_map<(d0, d1, d2, d3) -> (d0, d1, d3)>, affine_map<(d0, d1, d2, d3) -> "
     "(d0, d3, d2)>, affine_map<(d0, d1, d2, d3) -> (d0, d1, d2)>]",
@@ -52,9 +56,13 @@ _PLAIN_MAPS = {
 }
 _VECTORIZABLE = ("linalg.generic", "linalg.fill", "linalg.transpose", "linalg.copy")
 _TILE_ATTR = "torchtosa.tile"
-Tiling = tuple[tuple[int, ...], tuple[int, ...]]  # tile sizes, order of the tile loops
-# (conv or "", tile sizes, loop order)
-Key = tuple[str, tuple[int, ...], tuple[int, ...]]
+_FOR = '!transform.op<"scf.for">'
+Extent = int | None  # a loop's size; None if known at run time only
+# tile sizes, order of the tile loops, the loops whose last tile may be partial (a dynamic size,
+# see `_Remainders`), and which of those are a matmul's rows
+Tiling = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+# (conv or "", tile sizes, loop order, partial loops, rows loops)
+Key = tuple[str, tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
 # After tiling and vectorizing: contractions become outer products with their accumulators in
 # registers; vector transfers and reductions are lowered to what the LLVM lowering handles.
@@ -95,8 +103,9 @@ def schedule(module: ir.Module, parallel: bool = False) -> None:
     """Tile and vectorize the linalg ops of `module` (on tensors) in place.
 
     With `parallel`, the column-panel loops of packed contractions of at least
-    PARALLEL_MIN_MACS multiply-adds are `scf.forall` loops (`pack_panels`), which the
-    "openmp" stage of the pipeline makes OpenMP worksharing loops.
+    PARALLEL_MIN_MACS multiply-adds (a dynamic size counted as DYNAMIC_SIZE_GUESS) are
+    `scf.forall` loops (`pack_panels`), which the "openmp" stage of the pipeline makes OpenMP
+    worksharing loops.
     """
     split_prologues(module)
     collapse_reductions(module)
@@ -151,13 +160,21 @@ def pack_panels(module: ir.Module, parallel: bool = False) -> None:
                 continue
             sizes = tiling[0]
             loops = _loop_sizes(op)
+            if loops[-2] is None:
+                continue  # a dynamic column count: its last panel would be partial
             source = _panel_source(op, loops, sizes)
             if source is not None:
-                forall = parallel and math.prod(loops) >= PARALLEL_MIN_MACS
+                forall = parallel and _parallel_worth(loops)
                 _column_panels(op, source, sizes[-2], forall)
 
 
-def _panel_source(op: ir.Operation, loops: tuple[int, ...], sizes: tuple[int, ...]) -> ir.Operation | None:
+def _parallel_worth(loops: tuple[Extent, ...]) -> bool:
+    """Whether a contraction of these loop sizes is split across threads: at least
+    PARALLEL_MIN_MACS multiply-adds, a dynamic size counted as DYNAMIC_SIZE_GUESS."""
+    return math.prod(DYNAMIC_SIZE_GUESS if n is None else n for n in loops) >= PARALLEL_MIN_MACS
+
+
+def _panel_source(op: ir.Operation, loops: tuple[Extent, ...], sizes: tuple[int, ...]) -> ir.Operation | None:
     """The transpose producing contraction `op`'s second operand (nn.Linear's weight), which
     panels replace: then no call transposes the whole weight. Otherwise `op` itself, meaning
     "copy the operand panel by panel", if more than one row tile reads each panel (its rows
@@ -167,7 +184,7 @@ def _panel_source(op: ir.Operation, loops: tuple[int, ...], sizes: tuple[int, ..
     if producer is not None and producer.name == "linalg.transpose" and len(list(rhs.uses)) == 1:
         return producer.operation
     m = _CONTRACTIONS[op.name]
-    return op if loops[m] // sizes[m] >= 2 else None
+    return op if loops[m] is None or loops[m] // sizes[m] >= 2 else None
 
 
 def _column_panels(op: ir.Operation, source: ir.Operation, tn: int, forall: bool) -> None:
@@ -176,10 +193,10 @@ def _column_panels(op: ir.Operation, source: ir.Operation, tn: int, forall: bool
     the contraction of its rows of the first operand with it."""
     lhs, rhs, init = list(op.operands)[:3]
     transposed = source != op
-    *batch, m, k = ir.RankedTensorType(lhs.type).shape
-    n = ir.RankedTensorType(rhs.type).shape[-1]
-    ones = [1] * len(batch)
     with ir.InsertionPoint(op), op.location:
+        *batch, m, k = (_dim(lhs, i) for i in range(ir.RankedTensorType(lhs.type).rank))
+        n = _shape(rhs)[-1]
+        ones = [1] * len(batch)
         ivs, acc, body, finish = _loop_nest([*batch, n], [*ones, tn], init, forall)
         with ir.InsertionPoint(body):
             *at, column = ivs
@@ -210,7 +227,7 @@ def _column_panels(op: ir.Operation, source: ir.Operation, tn: int, forall: bool
 Finish = Callable[[ir.Value, list, list[int]], ir.Value]
 
 
-def _loop_nest(sizes: list[int], steps: list[int], init: ir.Value, forall: bool
+def _loop_nest(sizes: list[int | ir.Value], steps: list[int], init: ir.Value, forall: bool
                ) -> tuple[list[ir.Value], ir.Value, ir.Block, Finish]:
     """Loops over `sizes` by `steps` carrying the tensor `init`: nested scf.for, or one
     scf.forall. Returns the induction variables, the carried tensor, the innermost body, and a
@@ -220,7 +237,7 @@ def _loop_nest(sizes: list[int], steps: list[int], init: ir.Value, forall: bool
         loop = scf.ForallOp([0] * len(sizes), sizes, steps, shared_outs=[init])
         acc = loop.inner_iter_args[0]
 
-        def finish_forall(tile: ir.Value, offsets: list, shape: list[int]) -> ir.Value:
+        def finish_forall(tile: ir.Value, offsets: list, shape: list) -> ir.Value:
             with ir.InsertionPoint(loop.terminator().block):
                 _insert(tensor.ParallelInsertSliceOp, tile, acc, offsets, shape)
             return loop.results[0]
@@ -231,12 +248,12 @@ def _loop_nest(sizes: list[int], steps: list[int], init: ir.Value, forall: bool
     ivs, acc = [], init
     for size, step in zip(sizes, steps, strict=True):
         ip = ir.InsertionPoint(loops[-1].body) if loops else None
-        bounds = [arith.ConstantOp(index, v, ip=ip).result for v in (0, size, step)]
+        bounds = [v if isinstance(v, ir.Value) else arith.ConstantOp(index, v, ip=ip).result for v in (0, size, step)]
         loops.append(scf.ForOp(*bounds, iter_args=[acc], ip=ip))
         ivs.append(loops[-1].induction_variable)
         acc = loops[-1].inner_iter_args[0]
 
-    def finish_for(tile: ir.Value, offsets: list, shape: list[int]) -> ir.Value:
+    def finish_for(tile: ir.Value, offsets: list, shape: list) -> ir.Value:
         value = _insert(tensor.InsertSliceOp, tile, acc, offsets, shape).result
         for loop in reversed(loops):
             scf.YieldOp([value], ip=ir.InsertionPoint(loop.body))
@@ -247,21 +264,25 @@ def _loop_nest(sizes: list[int], steps: list[int], init: ir.Value, forall: bool
 
 
 def _static(offsets: list) -> tuple[list[ir.Value], list[int]]:
-    """Offsets (ints or index values) as the dynamic and static operands of a slice op."""
+    """Offsets or sizes (ints or index values) as the dynamic and static operands of a slice op."""
     dynamic = [o for o in offsets if isinstance(o, ir.Value)]
     return dynamic, [ir.ShapedType.get_dynamic_size() if isinstance(o, ir.Value) else o for o in offsets]
 
 
-def _extract(source: ir.Value, offsets: list, shape: list[int]) -> ir.Value:
-    """The slice of `source` at `offsets` of size `shape` (unit strides, rank kept)."""
+def _extract(source: ir.Value, offsets: list, shape: list) -> ir.Value:
+    """The slice of `source` at `offsets` of size `shape` (ints or index values; unit strides,
+    rank kept)."""
     dynamic, static = _static(offsets)
-    result = ir.RankedTensorType.get(shape, ir.RankedTensorType(source.type).element_type)
-    return tensor.ExtractSliceOp(result, source, dynamic, [], [], static, shape, [1] * len(shape)).result
+    dynamic_sizes, static_sizes = _static(shape)
+    result = ir.RankedTensorType.get(static_sizes, ir.RankedTensorType(source.type).element_type)
+    return tensor.ExtractSliceOp(result, source, dynamic, dynamic_sizes, [], static, static_sizes,
+                                 [1] * len(shape)).result
 
 
-def _insert(kind: type, tile: ir.Value, dest: ir.Value, offsets: list, shape: list[int]) -> ir.OpView:
+def _insert(kind: type, tile: ir.Value, dest: ir.Value, offsets: list, shape: list) -> ir.OpView:
     dynamic, static = _static(offsets)
-    return kind(tile, dest, dynamic, [], [], static, shape, [1] * len(shape))
+    dynamic_sizes, static_sizes = _static(shape)
+    return kind(tile, dest, dynamic, dynamic_sizes, [], static, static_sizes, [1] * len(shape))
 
 
 def plans(module: ir.Module) -> list[tuple[ir.Operation, Tiling]]:
@@ -279,7 +300,9 @@ def plans(module: ir.Module) -> list[tuple[ir.Operation, Tiling]]:
 
 
 def plan(op: ir.Operation) -> Tiling | None:
-    """The tile size of each loop of `op` and the order of the tile loops, or None to leave it alone.
+    """The tile size of each loop of `op`, the order of the tile loops, the loops (of a dynamic
+    size) whose last tile may be partial and which of those are a matmul's rows; or None to
+    leave `op` alone.
 
     Contractions walk the columns (n) outside the rows (m), so one column panel of the second
     input stays in cache while every row tile passes over it.
@@ -288,23 +311,30 @@ def plan(op: ir.Operation) -> Tiling | None:
     if loops is None or not loops or 0 in loops:
         return None
     order = list(range(len(loops)))
-    if op.name == _CONV:
+    if op.name == _CONV:  # a dynamic output width gets tiles of 1 (no masked 1-D convolutions)
         _, _, ow, f, _, _, _ = loops
-        return (1, 1, _divisor(ow, MATMUL_TILE[0]), _divisor(f, MATMUL_TILE[1]), 1, 1, 1), tuple(order)
+        sizes = (1, 1, 1 if ow is None else _divisor(ow, MATMUL_TILE[0]), _divisor(f, MATMUL_TILE[1]), 1, 1, 1)
+        return sizes, tuple(order), (), ()
     sizes = [1] * len(loops)
     mn = _matmul_loops(op)
     if mn is not None:  # reduction step 1: the k loop keeps tile 1
         m, n = mn
-        sizes[m], sizes[n] = _divisor(loops[m], MATMUL_TILE[0]), _divisor(loops[n], MATMUL_TILE[1])
+        sizes[m], sizes[n] = _tile(loops[m], MATMUL_TILE[0]), _tile(loops[n], MATMUL_TILE[1])
         order.remove(n)
         order.insert(order.index(m), n)
-        return tuple(sizes), tuple(order)
-    sizes[-1] = _divisor(loops[-1], VECTOR_WIDTH)
+        partial = _partial(loops, sizes)
+        return tuple(sizes), tuple(order), partial, tuple(d for d in partial if d == m)
+    sizes[-1] = _tile(loops[-1], VECTOR_WIDTH)
     inner = _transposed_inner_loop(op, len(loops))
     if inner is not None:  # a square tile, transposed in registers, instead of a strided gather
-        sizes[-1] = _divisor(loops[-1], TRANSPOSE_TILE)
-        sizes[inner] = _divisor(loops[inner], TRANSPOSE_TILE)
-    return tuple(sizes), tuple(order)
+        sizes[-1] = _tile(loops[-1], TRANSPOSE_TILE)
+        sizes[inner] = _tile(loops[inner], TRANSPOSE_TILE)
+    return tuple(sizes), tuple(order), _partial(loops, sizes), ()
+
+
+def _partial(loops: tuple[Extent, ...], sizes: list[int]) -> tuple[int, ...]:
+    """The loops whose last tile may be partial: a dynamic size tiled by more than 1."""
+    return tuple(d for d, (n, t) in enumerate(zip(loops, sizes, strict=True)) if n is None and t > 1)
 
 
 def _matmul_loops(op: ir.Operation) -> tuple[int, int] | None:
@@ -464,8 +494,9 @@ def _collapse_reductions(op: ir.Operation) -> None:
                 start = operand_dims.index(first)
                 groups = [[i] for i in range(start)] + [list(range(start, start + len(run)))]
                 groups += [[i] for i in range(start + len(run), len(operand_dims))]
-                shape = ir.RankedTensorType(value.type).shape
-                collapsed = [math.prod(shape[i] for i in g) for g in groups]
+                shape = _shape(value)
+                collapsed = [ir.ShapedType.get_dynamic_size() if any(shape[i] is None for i in g)
+                             else math.prod(shape[i] for i in g) for g in groups]
                 result = ir.RankedTensorType.get(collapsed, ir.RankedTensorType(value.type).element_type)
                 value = tensor.CollapseShapeOp(result, value, [[*g] for g in groups]).result
                 operand_dims = operand_dims[:start + 1] + operand_dims[start + len(run):]
@@ -505,9 +536,10 @@ def _materialize(op: ir.Operation, value: ir.Value, domain: list[int]) -> ir.Val
         return ir.AffineMapAttr.get(ir.AffineMap.get(len(domain), 0, exprs))
 
     element = value.type
-    result = ir.RankedTensorType.get([sizes[d] for d in domain], element)
+    sources = _loop_dim_sources(op)
     with ir.InsertionPoint(op), op.location:
-        empty = tensor.EmptyOp([sizes[d] for d in domain], element).result
+        empty = tensor.EmptyOp([_dim(*sources[d]) if sizes[d] is None else sizes[d] for d in domain], element).result
+        result = empty.type
         generic = linalg.GenericOp([result], [operands[a] for a in args], [empty],
                                    ir.ArrayAttr.get([amap(maps[a]) for a in args] + [amap(domain)]),
                                    ir.ArrayAttr.get([parallel] * len(domain)))
@@ -594,26 +626,29 @@ def _map_dims(op: ir.Operation) -> list[list[int]]:
             for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
 
 
-def _loop_sizes(op: ir.Operation) -> tuple[int, ...] | None:
-    """Static loop sizes of a linalg op this schedule handles, else None."""
+def _loop_sizes(op: ir.Operation) -> tuple[Extent, ...] | None:
+    """Loop sizes of a linalg op this schedule handles (None for a size known at run time
+    only), else None."""
     if op.name not in _CONTRACTIONS and op.name not in _VECTORIZABLE and op.name != _CONV:
         return None
     shaped = [t for t in [v.type for v in op.operands] + [r.type for r in op.results] if isinstance(t, ir.ShapedType)]
-    if not all(isinstance(t, ir.RankedTensorType) and t.has_static_shape for t in shaped):
+    if not all(isinstance(t, ir.RankedTensorType) for t in shaped):
         return None
     if not all(_vector_element(ir.ShapedType(t).element_type) for t in shaped):
         return None
     if op.name in _CONTRACTIONS:
         if "indexing_maps" in op.attributes and str(op.attributes["indexing_maps"]) != _PLAIN_MAPS[op.name]:
             return None  # a transposed or broadcast variant
-        a, b = (ir.RankedTensorType(v.type).shape for v in list(op.operands)[:2])
+        a, b = (_shape(v) for v in list(op.operands)[:2])
         return (*a[:-1], b[-1], a[-1])  # (batch...,) m, n, k
     if op.name == _CONV:
-        w = ir.RankedTensorType(op.operands[1].type).shape
-        n, oh, ow, f = ir.RankedTensorType(op.results[0].type).shape
+        w = _shape(op.operands[1])
+        n, oh, ow, f = _shape(op.results[0])
+        if None in w or f is None:
+            return None
         return (n, oh, ow, f, w[1], w[2], w[3])
     if op.name != "linalg.generic":
-        return tuple(ir.RankedTensorType(op.results[0].type).shape)  # fill, transpose: the output's
+        return tuple(_shape(op.results[0]))  # fill, transpose: the output's
     if not _plain_body(op):
         return None
     maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
@@ -626,15 +661,41 @@ def _loop_sizes(op: ir.Operation) -> tuple[int, ...] | None:
     return tuple(sizes[d] for d in range(n))
 
 
-def _generic_loop_sizes(op: ir.Operation) -> dict[int, int]:
+def _generic_loop_sizes(op: ir.Operation) -> dict[int, Extent]:
     """The size of each loop of a generic (whose maps are projected permutations) that indexes
-    a ranked operand."""
-    sizes: dict[int, int] = {}
+    a ranked operand: None if every operand indexed by it has a dynamic size there."""
+    sizes: dict[int, Extent] = {}
     for value, dims in zip(op.operands, _map_dims(op), strict=True):
-        shape = ir.RankedTensorType(value.type).shape if isinstance(value.type, ir.RankedTensorType) else []
+        shape = _shape(value) if isinstance(value.type, ir.RankedTensorType) else []
         for d, size in zip(dims, shape, strict=True):
-            sizes[d] = size
+            if sizes.get(d) is None:
+                sizes[d] = size
     return sizes
+
+
+def _shape(value: ir.Value) -> list[Extent]:
+    """The shape of a ranked tensor value, None for each dynamic dimension."""
+    t = ir.RankedTensorType(value.type)
+    return [None if t.is_dynamic_dim(i) else t.shape[i] for i in range(t.rank)]
+
+
+def _loop_dim_sources(op: ir.Operation) -> dict[int, tuple[ir.Value, int]]:
+    """For each loop of a generic, an operand and the dimension of it that the loop runs along."""
+    found: dict[int, tuple[ir.Value, int]] = {}
+    for value, dims in zip(op.operands, _map_dims(op), strict=True):
+        if isinstance(value.type, ir.RankedTensorType):
+            for i, d in enumerate(dims):
+                found.setdefault(d, (value, i))
+    return found
+
+
+def _dim(value: ir.Value, i: int) -> int | ir.Value:
+    """Dimension `i` of a ranked tensor: its static size, or a tensor.dim op's result (built at
+    the current insertion point)."""
+    size = _shape(value)[i]
+    if size is not None:
+        return size
+    return tensor.DimOp(value, arith.ConstantOp(ir.IndexType.get(), i).result).result
 
 
 def _vector_element(t: ir.Type) -> bool:
@@ -662,22 +723,39 @@ def _divisor(n: int, target: int) -> int:
     return next(d for d in range(min(n, target), 0, -1) if n % d == 0)
 
 
+def _tile(n: Extent, target: int) -> int:
+    """The tile of a loop of size `n`: the largest divisor of a static size up to `target`;
+    `target` itself for a size known at run time only (its last tile may be partial)."""
+    return target if n is None else _divisor(n, target)
+
+
 def _key(key: Key) -> str:
-    kind, sizes, order = key
-    return f"{kind}:{'x'.join(map(str, sizes))}:{'.'.join(map(str, order))}"
+    kind, sizes, order, partial, rows = key
+    parts = [kind, "x".join(map(str, sizes)), *(".".join(map(str, x)) for x in (order, partial, rows))]
+    return ":".join(parts)
 
 
 def _script(groups: dict[Key, list[ir.Operation]]) -> str:
+    """The transform script: tile each group's ops and vectorize the tiles.
+
+    A group with partial tiles (`plan`) is tiled by `_Remainders`: whole tiles as static ones,
+    the remainder in smaller static tiles. After canonicalization has given every tile its
+    static shape, all are vectorized without masks.
+    """
     lines = [
         "module attributes {transform.with_named_sequence} {",
         "transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {",
     ]
     any_op = "!transform.any_op"
+    peeled = []
     for i, key in enumerate(groups):
-        kind, sizes, order = key
+        kind, sizes, order, partial, _ = key
+        lines.append(f"  %ops{i} = {_match(_key(key))}")
+        if partial:
+            peeled.append(i)
+            lines += _Remainders(key, f"g{i}_").dim(f"%ops{i}", 0)
+            continue
         results = ", ".join([any_op] * (1 + len(sizes)))
-        lines.append(f'  %ops{i} = transform.structured.match attributes{{{_TILE_ATTR} = "{_key(key)}"}}'
-                     f" in %root : ({any_op}) -> {any_op}")
         if kind == _CONV:  # filter to HWCF, then each tile (one output row, one filter tap) is a 1-D conv
             lines.append(f"  %ops{i}_hwcf = transform.structured.transpose_conv2d %ops{i} : ({any_op}) -> {any_op}")
         lines.append(f"  %tiled{i}, %loops{i}:{len(sizes)} = transform.structured.tile_using_for "
@@ -688,9 +766,110 @@ def _script(groups: dict[Key, list[ir.Operation]]) -> str:
             lines.append(f"  %tiled{i}_1d = transform.structured.decompose %tiled{i} : ({any_op}) -> {any_op}")
         lines.append(f"  transform.structured.vectorize %tiled{i}{'_1d' if kind == _CONV else ''} : {any_op}")
     lines.append(f'  %funcs = transform.structured.match ops{{["func.func"]}} in %root : ({any_op}) -> {any_op}')
+    if peeled:
+        # the tiles' sizes are constants after peeling: fold them into the types
+        lines += [f"  transform.foreach %funcs : {any_op} {{", f"  ^bb0(%func: {any_op}):",
+                  f"    transform.apply_patterns to %func {{ transform.apply_patterns.canonicalization }} : {any_op}",
+                  "  }"]
+        for i in peeled:
+            lines.append(f"  %again{i} = {_match(_key(list(groups)[i]))}")
+            lines.append(f"  transform.structured.vectorize %again{i} : {any_op}")
     lines += [f"  transform.foreach %funcs : {any_op} {{", f"  ^bb0(%func: {any_op}):", _LOWERING, "  }"]
     lines += ["  transform.yield", "}", "}"]
     return "\n".join(lines)
+
+
+class _Remainders:
+    """Transform-script lines tiling a group's ops whose `partial` loops (a dynamic size) may end
+    in a partial tile, so that every tile has a static shape.
+
+    The partial loops are taken outermost first. Each is tiled (with the loops before it; the
+    loops inside it wait) and peeled into whole tiles and a remainder, which is tiled by the next
+    smaller size of `_levels` and peeled again, down to 1: a remainder of 7 matmul rows is one
+    tile of 4, one of 2 and one of 1, each a static register tile. Inside each of these, the next
+    partial loop is tiled the same way; the loops after the last one last (a matmul's reduction
+    loop stays inside its row loop, so the accumulators stay in registers).
+    """
+
+    def __init__(self, key: Key, prefix: str) -> None:
+        _, self.sizes, self.order, partial, self.rows = key
+        self.partial = sorted(partial, key=self.order.index)
+        self.match = _key(key)
+        self.prefix = prefix
+        self.count = 0
+
+    def _name(self, what: str) -> str:
+        self.count += 1
+        return f"%{self.prefix}{what}{self.count}"
+
+    def _tile(self, op: str, tiles: dict[int, int]) -> tuple[str, list[str], list[str]]:
+        """Tile `op` by `tiles` (loop -> size): the tiled op, the loops (in loop order), the lines."""
+        any_op = "!transform.any_op"
+        tiled = self._name("tiled")
+        loops = [self._name("loop") for d in self.order if d in tiles]
+        sizes = ", ".join(str(tiles.get(d, 0)) for d in range(len(self.sizes)))
+        types = ", ".join([any_op] * (1 + len(loops)))
+        line = (f"    {', '.join([tiled, *loops])} = transform.structured.tile_using_for {op} tile_sizes [{sizes}]"
+                f" interchange = [{', '.join(map(str, self.order))}] : ({any_op}) -> ({types})")
+        return tiled, loops, [line]
+
+    def _peel(self, loop: str) -> tuple[str, str, list[str]]:
+        any_op = "!transform.any_op"
+        cast, main, rest = self._name("for"), self._name("main"), self._name("rest")
+        return main, rest, [f"    {cast} = transform.cast {loop} : {any_op} to {_FOR}",
+                            f"    {main}, {rest} = transform.loop.peel {cast} : ({_FOR}) -> ({any_op}, {any_op})"]
+
+    def _inside(self, parts: str, k: int, level: int | None = None) -> list[str]:
+        """For each of the loops `parts`: its op, tiled from partial loop `k` on (or, given
+        `level`, the remainder of loop k's tiles of `_levels(k)[level - 1]`)."""
+        any_op = "!transform.any_op"
+        part, op = self._name("part"), self._name("op")
+        lines = [f"  transform.foreach {parts} : {any_op} {{", f"  ^bb0({part}: {any_op}):",
+                 f'    {op} = transform.structured.match attributes{{{_TILE_ATTR} = "{self.match}"}}'
+                 f" in {part} : ({any_op}) -> {any_op}"]
+        lines += self.dim(op, k) if level is None else self.remainder(op, k, level)
+        return [*lines, "  }"]
+
+    def _start(self, k: int) -> int:
+        return self.order.index(self.partial[k - 1]) + 1 if k else 0
+
+    def _levels(self, k: int) -> list[int]:
+        d = self.partial[k]
+        levels = [self.sizes[d]]
+        while levels[-1] > 1:  # rows by halves (at most one tile of each), other loops by quarters
+            levels.append(levels[-1] // 2 if d in self.rows else max(1, levels[-1] // 4))
+        return levels
+
+    def dim(self, op: str, k: int) -> list[str]:
+        """Lines tiling `op` from partial loop `k` on (untiled from loop `_start(k)` on)."""
+        if k == len(self.partial):  # the loops after the last partial one
+            rest = {d: self.sizes[d] for d in self.order[self._start(k):]}
+            return self._tile(op, rest)[2] if rest else []
+        d = self.partial[k]
+        tiles = {e: self.sizes[e] for e in self.order[self._start(k):self.order.index(d) + 1]}
+        _, loops, lines = self._tile(op, tiles)
+        main, rest, peel = self._peel(loops[-1])
+        return lines + peel + self._inside(main, k + 1) + self._inside(rest, k, 1)
+
+    def remainder(self, op: str, k: int, level: int) -> list[str]:
+        """Lines tiling `op`, the remainder of partial loop `k`'s tiles of `_levels(k)[level - 1]`,
+        by the next level: tiles of that size peeled, their remainder by the next, and so on."""
+        d = self.partial[k]
+        levels = self._levels(k)
+        # one tile of the whole remainder first: its size is then an affine.min, which peeling
+        # simplifies in the whole tiles (it does not see through the remainder's own size)
+        whole, _, lines = self._tile(op, {d: levels[level - 1]})
+        tiled, loops, more = self._tile(whole, {d: levels[level]})
+        lines += more
+        if levels[level] == 1:
+            return lines + self.dim(tiled, k + 1)
+        main, rest, peel = self._peel(loops[0])
+        return lines + peel + self._inside(main, k + 1) + self._inside(rest, k, level + 1)
+
+
+def _match(key: str) -> str:
+    return (f'transform.structured.match attributes{{{_TILE_ATTR} = "{key}"}} in %root'
+            " : (!transform.any_op) -> !transform.any_op")
 
 
 def _reassociate_reductions(module: ir.Module) -> None:

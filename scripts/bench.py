@@ -34,7 +34,12 @@ making the first call (VmHWM, reset through /proc/self/clear_refs).
 
 The header gives one core's f32 FMA peak (`scripts/peak.py`), the ceiling of any one-thread GF/s.
 
-Then (unless --only or --no-scaling) a second table: torchtosa's compile time, split into capture,
+Then (unless --no-dynamic) a dynamic-shape table: for the MLP, the encoder layer and BERT, one
+torch.compile(dynamic=True) with the torchtosa backend (opt "default", one thread, and
+"parallel") serving 3 sizes, against torchtosa compiled for each size, eager (one thread) and
+Inductor with dynamic=True; the notes say how many graphs each compiled and what ran eagerly.
+
+Then (unless --only or --no-scaling) a further table: torchtosa's compile time, split into capture,
 import and lowering + JIT, for BertModel of 1, 2, 4 and 8 layers, to show how it grows with depth.
 
 Prints the tables and writes them to docs/benchmarks.md (unless --no-write). Nothing here asserts on
@@ -59,6 +64,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,6 +143,28 @@ def build_bert(layers: int = 2) -> tuple[nn.Module, Inputs]:
     ids = torch.randint(1, vocab, (1, seq))
     mask = torch.ones(1, seq, dtype=torch.long)  # a tokenizer's mask for an unpadded sequence
     return BertModel(config), (ids, mask)
+
+
+# ---------------------------------------------------------------- dynamic shapes
+
+# Per workload of the dynamic section: the model and its inputs at each size (the MLP's batch,
+# the encoder layer's and BERT's sequence length), built with the same weights.
+DYNAMIC_SIZES = {
+    "mlp": (20, 64, 100),
+    "encoder layer": (33, 64, 100),
+    "BERT": (33, 64, 100),
+}
+
+
+def dynamic_inputs(name: str, n: int) -> Inputs:
+    if name == "mlp":
+        return (torch.randn(n, 512),)
+    if name == "encoder layer":
+        return (torch.randn(4, n, 256),)
+    return (torch.randint(1, 1000, (1, n)), torch.ones(1, n, dtype=torch.long))
+
+
+DYNAMIC_BUILD = {"mlp": build_mlp, "encoder layer": build_encoder, "BERT": build_bert}
 
 
 @dataclass(frozen=True)
@@ -478,13 +506,21 @@ def command_line() -> str:
     return shlex.join(["python", str(script), *sys.argv[1:]])
 
 
-def write_doc(env: dict[str, str], table: str, notes: list[str], scaling: str | None) -> None:
+def write_doc(env: dict[str, str], table: str, notes: list[str], scaling: str | None,
+              dynamic: str | None = None) -> None:
     text = ["# Benchmarks", "",
             "Written by `scripts/bench.py` (`make bench`); regenerate rather than edit. The method (backends, "
             "interleaved timing, FLOP counting, what compile time and peak RSS include) is described in the "
             "script's docstring.", ""]
     text += [f"- {key}: {value}" for key, value in env.items()]
     text += ["", table, ""]
+    if dynamic:
+        text += ["## Dynamic shapes", "",
+                 "One `torch.compile(model, backend=\"torchtosa\", dynamic=True)` per workload serves every size "
+                 "(the MLP's batch, the encoder layer's and BERT's sequence length); \"vs static\" compares it with "
+                 "`torchtosa.compile` for that size (the parallel rows with the parallel static compile, 2 threads), "
+                 "\"vs eager 1t\" with eager PyTorch on one thread (above 1x is slower). Inductor is compiled "
+                 "with `dynamic=True` once too. Compile time is shown where a size compiled.", "", dynamic, ""]
     if scaling:
         text += ["## Compile time against depth", "",
                  "torchtosa (opt=\"default\") on BertModel h256 of 1 to 8 layers, [1x64 tokens]; \"per layer\" is "
@@ -492,6 +528,101 @@ def write_doc(env: dict[str, str], table: str, notes: list[str], scaling: str | 
     if notes:
         text += ["Notes:", ""] + [f"- {note}" for note in notes] + [""]
     DOC.write_text("\n".join(text))
+
+
+class _Counted:
+    """The torchtosa backend, counting the graphs it compiles and the ops of them that ran eagerly."""
+
+    def __init__(self) -> None:
+        self.graphs = 0
+        self.fallbacks: list[str] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example: list[Any], **kwargs: Any) -> Callable[..., Any]:
+        self.graphs += 1
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", torchtosa.FallbackWarning)
+            compiled = torchtosa.torchtosa_backend(gm, example, **kwargs)
+        self.fallbacks += [str(w.message).splitlines()[0] for w in caught
+                           if issubclass(w.category, torchtosa.FallbackWarning)]
+        return compiled
+
+
+DYNAMIC_HEADER = ["workload", "size", "backend", "time/call (median)", "IQR", "vs static", "vs eager 1t",
+                  "compile (+1st call)", "max abs diff vs eager"]
+
+
+def dynamic_section(args: argparse.Namespace, notes: list[str]) -> str | None:
+    """The dynamic-shape table: per workload, one torch.compile(dynamic=True) serving 3 sizes,
+    against torchtosa compiled for each size (static), eager and Inductor with dynamic=True."""
+    rows: list[list[str]] = []
+    for name, sizes in DYNAMIC_SIZES.items():
+        if not args.only or args.only.lower() in name.lower():
+            rows += _dynamic_workload(name, sizes, args, notes)
+    return markdown(rows, DYNAMIC_HEADER) if rows else None
+
+
+def _dynamic_workload(name: str, sizes: tuple[int, ...], args: argparse.Namespace, notes: list[str]
+                      ) -> list[list[str]]:
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model, _ = DYNAMIC_BUILD[name]()
+    model.eval()
+    counters = {"default": _Counted(), "parallel": _Counted()}
+    shared: dict[str, Callable[..., Any]] = {}
+
+    def dynamic(opt: str) -> Callable[..., Any]:
+        if opt not in shared:
+            shared[opt] = torch.compile(model, backend=counters[opt], dynamic=True, options={"opt": opt})
+        return shared[opt]
+
+    def inductor() -> Callable[..., Any]:
+        if "inductor" not in shared:
+            shared["inductor"] = torch.compile(model, dynamic=True)
+        return shared["inductor"]
+
+    print(f"\ndynamic {name}: sizes {', '.join(map(str, sizes))}", flush=True)
+    rows: list[list[str]] = []
+    for n in sizes:
+        torch.manual_seed(1)
+        inputs = dynamic_inputs(name, n)
+        with torch.no_grad():
+            torch.set_num_threads(1)
+            expected = model(*inputs)
+            backends = [
+                Backend("torchtosa dynamic", 1, lambda: dynamic("default")),
+                Backend("torchtosa static", 1, lambda inputs=inputs: torchtosa.compile(model, *inputs)),
+                Backend("torchtosa parallel dynamic", 2, lambda: dynamic("parallel"), settle_s=OPENMP_SETTLE_S),
+                Backend("torchtosa parallel static", 2,
+                        lambda inputs=inputs: torchtosa.compile(model, *inputs, opt="parallel"),
+                        settle_s=OPENMP_SETTLE_S),
+                Backend(EAGER, 1, lambda: model, compiles=False),
+                Backend("inductor dynamic 1t", 1, inductor),
+            ]
+            for backend in backends:
+                prepare(backend, inputs, expected, args.warmup, args.repeats)
+                print(f"  [{n}] {backend.name:28s} {backend.error or _fmt_time(backend.compile_s)}", flush=True)
+            time_interleaved(backends, inputs)
+        times = {b.name: b.median for b in backends}
+        for b in backends:
+            if b.error:
+                notes.append(f"dynamic {name} [{n}]: {b.name} failed: {b.error}")
+                rows.append([name, str(n), b.name, "failed", "-", "-", "-", "-", "-"])
+                continue
+            static = times["torchtosa parallel static" if "parallel" in b.name else "torchtosa static"]
+            rows.append([name, str(n), b.name, _fmt_time(b.median), _fmt(b.iqr_pct, ".1f", "%"),
+                         _ratio(b.median, static), _ratio(b.median, times[EAGER]),
+                         _fmt(b.compile_s, ".2f", " s"), _fmt(b.diff, ".1e")])
+            print("  " + "  ".join(rows[-1][1:]), flush=True)
+    for opt, counter in counters.items():
+        fallback = f"; eager fallback: {'; '.join(dict.fromkeys(counter.fallbacks))}" if counter.fallbacks else ""
+        notes.append(f"dynamic {name}: torchtosa {opt} compiled {counter.graphs} graph(s) for {len(sizes)} sizes"
+                     + fallback)
+    return rows
+
+
+def _ratio(time: float | None, base: float | None) -> str:
+    """`time` against `base` as a factor: above 1 is slower."""
+    return f"{time / base:.2f}x" if time and base else "-"
 
 
 def main() -> int:
@@ -504,6 +635,9 @@ def main() -> int:
     parser.add_argument("--warm", action="store_true", help="reuse inductor's default on-disk cache")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     parser.add_argument("--no-scaling", action="store_true", help="skip the compile time against depth table")
+    parser.add_argument("--no-dynamic", action="store_true", help="skip the dynamic-shape table")
+    parser.add_argument("--dynamic-only", action="store_true",
+                        help="only the dynamic-shape table (printed, docs/benchmarks.md left alone)")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -542,7 +676,7 @@ def main() -> int:
 
     rows: list[list[str]] = []
     for workload in WORKLOADS:
-        if args.only and args.only.lower() not in workload.name.lower():
+        if args.dynamic_only or (args.only and args.only.lower() not in workload.name.lower()):
             continue
         torch.manual_seed(0)
         torch._dynamo.reset()
@@ -572,20 +706,25 @@ def main() -> int:
         for row in new:
             print("  " + "  ".join(row[1:]), flush=True)
 
+    dynamic = None if args.no_dynamic else dynamic_section(args, notes)
     scaling = None
-    if not args.no_scaling and not args.only:
+    if not args.no_scaling and not args.only and not args.dynamic_only:
         print("\ncompile time against depth (BertModel h256):", flush=True)
         scaling = compile_scaling()
     table = markdown(rows)
-    print()
-    print(table)
+    if rows:
+        print()
+        print(table)
+    if dynamic:
+        print()
+        print(dynamic)
     if scaling:
         print()
         print(scaling)
     for note in notes:
         print(note)
     if not args.no_write and rows:
-        write_doc(env, table, notes, scaling)
+        write_doc(env, table, notes, scaling, dynamic)
         print(f"\nwrote {DOC.relative_to(ROOT)}")
     return 0
 
