@@ -51,6 +51,11 @@ class Program:
     def __str__(self) -> str:
         return str(self.module)
 
+    def serves(self) -> str:
+        """The sizes the program's symbolic dims may take: "s0 >= 2, 2 <= s1 <= 64"."""
+        return ", ".join(f"{sym} >= {low}" if high is None else f"{low} <= {sym} <= {high}"
+                         for sym, (low, high) in self.ranges.items())
+
     def report(self) -> str:
         """Which registry lowered each aten op, and how many nodes."""
         rows = [f"{op:40s} {reg:8s} x{n}" for (op, reg), n in sorted(self.served.items())]

@@ -78,6 +78,8 @@ class Explanation:
             if isinstance(part, NativeRegion):
                 ops = ", ".join(f"{op} x{n}" for op, n in sorted(part.ops.items()))
                 lines.append(f"native {part.name}: {sum(part.ops.values())} ops ({ops})")
+                if part.program.ranges:
+                    lines.append(f"       serves sizes {part.program.serves()}")
             else:
                 lines.append(f"eager  {part.op}: {part.reason} — at {part.where}")
         return "\n".join(lines)

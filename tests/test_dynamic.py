@@ -101,6 +101,7 @@ def test_export_with_dim_ranges_keeps_symbolic_dims() -> None:
     program = torchtosa.to_tosa(ep)
     assert "tensor<?x24xf32>" in str(program) and "tensor<?x12xf32>" in str(program)
     compiled = torchtosa.compile(ep, fallback="error")
+    assert "serves sizes 2 <= " in str(compiled.explain()) and "<= 64" in str(compiled.explain())
     for rows in (2, 5, 64):
         x = torch.randn(rows, 24)
         torch.testing.assert_close(compiled(x), model(x))
