@@ -78,6 +78,28 @@ def show(shape: Sequence[Dim]) -> str:
     return "[" + ", ".join(str(static(d) if static(d) is not None else expr(d)) for d in shape) + "]"
 
 
+def symbolic_part(value: Any) -> str | None:
+    """What is symbolic in an argument: a tensor's shape or a symbolic number, else None."""
+    if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return str(value)
+    shape = getattr(value, "shape", None)
+    if shape is not None and not is_static(shape):
+        return f"of shape {show(shape)}"
+    if isinstance(value, list | tuple):
+        return next((f"[..., {p}, ...]" for v in value if (p := symbolic_part(v)) is not None), None)
+    return None
+
+
+def require_static(op: str, where: str, checks: Sequence[tuple[str, Any, str]]) -> None:
+    """An entry's `static` key: Unsupported (the op then runs eagerly) if an argument it names,
+    given as (name, value, reason), has a symbolic size; checked before any rule runs, so that
+    no rule compares (and so specializes) that size."""
+    for name, value, reason in checks:
+        part = symbolic_part(value)
+        if part is not None:
+            raise Unsupported(f"{op} needs static sizes ({where}): {reason}; {name} is {part}")
+
+
 # --- sizes in the IR --------------------------------------------------------------------------
 
 
