@@ -8,12 +8,14 @@ The generator's `generator/rules.py` lists the same names with their arities.
 from __future__ import annotations
 
 import builtins
+import functools
 import itertools
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .errors import InvalidInput
 
@@ -21,10 +23,42 @@ f16, bf16, f32, f64 = torch.float16, torch.bfloat16, torch.float32, torch.float6
 i8, i16, i32, i64, u8, bool_ = torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool
 inf = math.inf
 
-len, range, min, max, abs, sum, all, any = (
-    builtins.len, builtins.range, builtins.min, builtins.max, builtins.abs, builtins.sum, builtins.all, builtins.any)
-int, float, list, sorted, enumerate, zip, reversed = (
-    builtins.int, builtins.float, builtins.list, builtins.sorted, builtins.enumerate, builtins.zip, builtins.reversed)
+len, range, abs, sum, all, any = (
+    builtins.len, builtins.range, builtins.abs, builtins.sum, builtins.all, builtins.any)
+float, list, sorted, enumerate, zip, reversed = (
+    builtins.float, builtins.list, builtins.sorted, builtins.enumerate, builtins.zip, builtins.reversed)
+
+# Sizes are ints or SymInts (symbolic sizes of the graph's ShapeEnv, see runtime/symbolic.py).
+# Arithmetic on a SymInt stays symbolic; a comparison whose answer is needed (`if`, `and`,
+# sorted) guards, i.e. fixes what the compiled code assumes. The builtins below compute
+# symbolically where they can: min/max as sym_min/sym_max, int() keeps a SymInt.
+
+
+def _symbolic(xs: Sequence[Any]) -> bool:
+    return builtins.any(isinstance(x, torch.SymInt) for x in xs)
+
+
+def min(a: Any, b: Any = None) -> Any:
+    """min(a, b) or min(list); a symbolic size's min stays symbolic (no guard)."""
+    xs = builtins.list(a) if b is None else [a, b]
+    return functools.reduce(torch.sym_min, xs) if _symbolic(xs) else builtins.min(xs)
+
+
+def max(a: Any, b: Any = None) -> Any:
+    """max(a, b) or max(list); a symbolic size's max stays symbolic (no guard)."""
+    xs = builtins.list(a) if b is None else [a, b]
+    return functools.reduce(torch.sym_max, xs) if _symbolic(xs) else builtins.max(xs)
+
+
+def int(x: Any) -> Any:
+    """int(x); a symbolic size stays symbolic (Python's int() would fix it to its value)."""
+    return x if isinstance(x, torch.SymInt) else builtins.int(x)
+
+
+def known(cond: Any) -> bool:
+    """Whether a condition on sizes is true without a guard: False where it depends on a symbolic
+    size (so a rule can take the branch that is right for every size)."""
+    return statically_known_true(cond) if isinstance(cond, torch.SymBool) else builtins.bool(cond)
 
 
 def prod(xs: Iterable[int]) -> int:
@@ -33,6 +67,9 @@ def prod(xs: Iterable[int]) -> int:
 
 
 def ceil_div(a: int, b: int) -> int:
+    """ceil(a / b); for a positive divisor as torch writes it, (a + b - 1) // b."""
+    if _symbolic([a, b]) and known(b > 0):
+        return (a + b - 1) // b
     return -(-a // b)
 
 

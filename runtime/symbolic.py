@@ -21,7 +21,8 @@ import sympy
 import torch
 from mlir import ir
 from mlir.dialects import arith, tensor
-from torch.utils._sympy.functions import FloorDiv, Max, Min, Mod, PythonMod
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.utils._sympy.functions import FloatTrueDiv, FloorDiv, IntTrueDiv, Max, Min, Mod, PythonMod, ToFloat
 
 from .errors import Unsupported
 
@@ -67,7 +68,10 @@ def same(a: Dim, b: Dim) -> bool:
     if sa is not None and sb is not None:
         return sa == sb
     ea, eb = expr(a), expr(b)
-    return ea == eb or sympy.expand(ea - eb) == 0
+    if ea == eb or sympy.expand(ea - eb) == 0:
+        return True
+    # the ShapeEnv's ranges and what its guards established (s0*s1 == 6 after a view's check)
+    return statically_known_true(a == b)
 
 
 def same_shape(a: Sequence[Dim], b: Sequence[Dim]) -> bool:
@@ -147,6 +151,43 @@ class Symbols:
         if isinstance(e, Mod | PythonMod):  # sizes are not negative: remainder and modulo agree
             return arith.remsi(self._emit(e.args[0]), self._emit(e.args[1]))
         raise Unsupported(f"the size expression {e} has no lowering")
+
+    def scalar(self, value: torch.SymInt | torch.SymFloat, element: ir.Type) -> ir.Value:
+        """A number computed from sizes (a count, 1 / count) as a scalar of `element` at run time:
+        integers in i64, floats in f64 (as Python computes them), then converted once."""
+        f64, i64 = ir.F64Type.get(), ir.IntegerType.get_signless(64)
+        e = value.node.expr
+        if value.node.shape_env is not None:
+            e = value.node.shape_env.simplify(e)
+        if isinstance(value, torch.SymInt):
+            out = arith.index_cast(i64, self._emit(e))
+            if isinstance(element, ir.IntegerType):
+                width = element.width
+                return out if width == 64 else arith.trunci(element, out)
+            out = arith.sitofp(f64, out)
+        else:
+            out = self._float(e)
+        if isinstance(element, ir.IntegerType):
+            raise Unsupported(f"the float {e} as an integer constant has no lowering")
+        return out if element == f64 else arith.truncf(element, out)
+
+    def _float(self, e: sympy.Expr) -> ir.Value:
+        f64, i64 = ir.F64Type.get(), ir.IntegerType.get_signless(64)
+        if e.is_number:
+            return arith.constant(f64, float(e))
+        if isinstance(e, ToFloat) or e.is_integer:
+            inner = e.args[0] if isinstance(e, ToFloat) else e
+            return arith.sitofp(f64, arith.index_cast(i64, self._emit(inner)))
+        if isinstance(e, FloatTrueDiv | IntTrueDiv):
+            return arith.divf(self._float(e.args[0]), self._float(e.args[1]))
+        if isinstance(e, sympy.Add | sympy.Mul):
+            combine = arith.addf if isinstance(e, sympy.Add) else arith.mulf
+            parts = [self._float(a) for a in e.args]
+            out = parts[0]
+            for a in parts[1:]:
+                out = combine(out, a)
+            return out
+        raise Unsupported(f"the size expression {e} has no lowering as a float")
 
 
 _CURRENT: contextvars.ContextVar[Symbols | None] = contextvars.ContextVar("torchtosa_symbols", default=None)
