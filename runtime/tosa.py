@@ -177,7 +177,9 @@ class Builder:
             # floats; through f32 (exact) it rounds once, as torch converts them
             operands = [self.create("tosa.cast", operands, {}, operands[0].shape, torch.float32)]
         if (any(isinstance(o, ShapeOperand) and not is_static(o.dims) for o in operands)
-                or (name == "tosa.const" and (not is_static(shape) or _sized(attrs["values"][1])))):
+                or (name == "tosa.const" and (not is_static(shape) or _sized(attrs["values"][1])))
+                # tosa-to-linalg's tile of a symbolic shape reshapes with several -1 (invalid)
+                or (name == "tosa.tile" and not is_static(operands[0].shape))):
             return self._dynamic(name, operands, attrs, shape, dtype)
         values = []
         for i, operand in enumerate(operands):
