@@ -173,7 +173,7 @@ def to_float(dt: torch.dtype) -> torch.dtype:
 
 
 def is_integral_value(x: Any) -> bool:
-    return isinstance(x, (bool, int)) or (isinstance(x, float) and x.is_integer())
+    return isinstance(x, (bool, builtins.int)) or (isinstance(x, float) and x.is_integer())
 
 
 def acc_type(dt: torch.dtype) -> torch.dtype:
