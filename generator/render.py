@@ -67,6 +67,8 @@ def render_family(entries: list[OpDef], source: str) -> str:
     for e in entries:
         for line in e.lines:
             line.call = _call(line)
+        e.static_checks = [(a.name, a.py, reason) for name, reason in e.static for a in e.args
+                           if name in ("*", a.name)]
     return environment().get_template("family.py.j2").render(
         header=HEADER.format(source=source), source=source, entries=entries)
 

@@ -214,6 +214,7 @@ OPDEF_KEYS = {
     "sample_dtypes": "dtypes that replace 'T' in sample tensors (default [f32])",
     "tolerance": "{rtol, atol} for the numeric tests",
     "sorted": "tensor arguments torch requires sorted along their last dim: tests sort their data",
+    "static": "why the lowering needs static sizes: a reason (every argument), or {argument: reason}",
 }
 SAMPLE_KEYS = ("raises", "unsupported", "range", "tolerance")
 TENSOR_RE = re.compile(r"(?P<dtype>\w+)\[(?P<dims>[\d,\s]*)\]")
@@ -292,6 +293,8 @@ class OpDef:
     samples: list[Sample] = field(default_factory=list)
     tolerance: dict[str, float] | None = None
     sorted: list[str] = field(default_factory=list)  # tensor arguments whose test data is sorted
+    # arguments whose sizes must be static, each with the reason; ("*", reason) for every argument
+    static: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def fn(self) -> str:
@@ -451,6 +454,27 @@ def _sorted_args(value: Any, args: list[Arg], at: Located) -> list[str]:
     return [str(n) for n in value]
 
 
+def _static_args(value: Any, args: list[Arg], at: Located) -> list[tuple[str, str]]:
+    """`static`: a reason (every argument's sizes must be static) or {argument: reason} (those
+    arguments' sizes: tensor dims, ints and int lists)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        if not value.strip():
+            raise _where(value, at).error("static gives the reason the lowering needs static sizes")
+        return [("*", " ".join(value.split()))]
+    sized = {a.name: a for a in args if a.kind != "scalar" or a.annotation.startswith(("int", "list[int]", "float"))}
+    out = []
+    for name, reason in _expect(value, dict, "static", at).items():
+        if str(name) not in sized:
+            raise _where(name, at).error(f"static names arguments with sizes ({', '.join(sized)}), not {str(name)!r}")
+        reason = _expect(reason, str, f"the reason {name} must be static", _where(name, at))
+        if not reason.strip():
+            raise _where(reason, at).error("static gives the reason the lowering needs static sizes")
+        out.append((str(name), " ".join(reason.split())))
+    return out
+
+
 def _tolerance(value: Any, at: Located) -> dict[str, float] | None:
     """{rtol, atol} as floats (YAML reads 1e-4 as a string: accept it)."""
     if value is None:
@@ -567,7 +591,8 @@ def load_entry(name: Located, entry: Any, family: str, catalogue: dict[str, Tosa
         op=str(name), where=name.where, family=family, schema=schema, doc=str(entry.get("doc", "")),
         registry=_identifier(entry.get("registry", "tosa"), "registry", name), args=args, lets=lets, requires=requires,
         limits=limits, results=results, lines=lines, tolerance=_tolerance(entry.get("tolerance"), name),
-        sorted=_sorted_args(entry.get("sorted", []), args, name))
+        sorted=_sorted_args(entry.get("sorted", []), args, name),
+        static=_static_args(entry.get("static"), args, name))
     dtypes = _expect(entry.get("sample_dtypes", ["f32"]), list, "sample_dtypes", name)
     for d in dtypes:
         if d not in DTYPES:

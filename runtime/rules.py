@@ -8,12 +8,14 @@ The generator's `generator/rules.py` lists the same names with their arities.
 from __future__ import annotations
 
 import builtins
+import functools
 import itertools
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .errors import InvalidInput
 
@@ -45,6 +47,40 @@ def max(*args: Any) -> Any:
     return _extremum(builtins.max, torch.sym_max, args)
 int, float, list, sorted, enumerate, zip, reversed = (
     builtins.int, builtins.float, builtins.list, builtins.sorted, builtins.enumerate, builtins.zip, builtins.reversed)
+float, list, sorted, enumerate, zip, reversed = (
+    builtins.float, builtins.list, builtins.sorted, builtins.enumerate, builtins.zip, builtins.reversed)
+
+# Sizes are ints or SymInts (symbolic sizes of the graph's ShapeEnv, see runtime/symbolic.py).
+# Arithmetic on a SymInt stays symbolic; a comparison whose answer is needed (`if`, `and`,
+# sorted) guards, i.e. fixes what the compiled code assumes. The builtins below compute
+# symbolically where they can: min/max as sym_min/sym_max, int() keeps a SymInt.
+
+
+def _symbolic(xs: Sequence[Any]) -> bool:
+    return builtins.any(isinstance(x, torch.SymInt) for x in xs)
+
+
+def min(a: Any, b: Any = None) -> Any:
+    """min(a, b) or min(list); a symbolic size's min stays symbolic (no guard)."""
+    xs = builtins.list(a) if b is None else [a, b]
+    return functools.reduce(torch.sym_min, xs) if _symbolic(xs) else builtins.min(xs)
+
+
+def max(a: Any, b: Any = None) -> Any:
+    """max(a, b) or max(list); a symbolic size's max stays symbolic (no guard)."""
+    xs = builtins.list(a) if b is None else [a, b]
+    return functools.reduce(torch.sym_max, xs) if _symbolic(xs) else builtins.max(xs)
+
+
+def int(x: Any) -> Any:
+    """int(x); a symbolic size stays symbolic (Python's int() would fix it to its value)."""
+    return x if isinstance(x, torch.SymInt) else builtins.int(x)
+
+
+def known(cond: Any) -> bool:
+    """Whether a condition on sizes is true without a guard: False where it depends on a symbolic
+    size (so a rule can take the branch that is right for every size)."""
+    return statically_known_true(cond) if isinstance(cond, torch.SymBool) else builtins.bool(cond)
 
 
 def prod(xs: Iterable[int]) -> int:
@@ -53,6 +89,9 @@ def prod(xs: Iterable[int]) -> int:
 
 
 def ceil_div(a: int, b: int) -> int:
+    """ceil(a / b); for a positive divisor as torch writes it, (a + b - 1) // b."""
+    if _symbolic([a, b]) and known(b > 0):
+        return (a + b - 1) // b
     return -(-a // b)
 
 
@@ -156,7 +195,7 @@ def to_float(dt: torch.dtype) -> torch.dtype:
 
 
 def is_integral_value(x: Any) -> bool:
-    return isinstance(x, (bool, int)) or (isinstance(x, float) and x.is_integer())
+    return isinstance(x, (bool, builtins.int)) or (isinstance(x, float) and x.is_integer())
 
 
 def acc_type(dt: torch.dtype) -> torch.dtype:

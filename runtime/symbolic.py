@@ -21,8 +21,10 @@ import sympy
 import torch
 from mlir import ir
 from mlir.dialects import arith, tensor
-from torch.fx.experimental.symbolic_shapes import sym_eq
-from torch.utils._sympy.functions import CeilDiv, FloorDiv, Max, Min, Mod, PythonMod
+from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq
+from torch.utils._sympy.functions import (
+    CeilDiv, FloatTrueDiv, FloorDiv, IntTrueDiv, Max, Min, Mod, PythonMod, ToFloat,
+)
 
 from .errors import Unsupported
 
@@ -71,12 +73,9 @@ def same(a: Dim, b: Dim, guard: bool = False) -> bool:
     ea, eb = expr(a), expr(b)
     if ea == eb or sympy.expand(ea - eb) == 0:
         return True
-    env = next((d.node.shape_env for d in (a, b) if isinstance(d, torch.SymInt)), None)
-    if env is None:
-        return False
-    known = env._maybe_evaluate_static(sympy.Eq(ea, eb))  # by the symbols' ranges and asserts
-    if known is not None:
-        return bool(known)
+    # the ShapeEnv's ranges and what its guards established (s0*s1 == 6 after a view's check)
+    if statically_known_true(a == b):
+        return True
     return guard and bool(sym_eq(a, b))
 
 
@@ -87,6 +86,28 @@ def same_shape(a: Sequence[Dim], b: Sequence[Dim], guard: bool = False) -> bool:
 
 def show(shape: Sequence[Dim]) -> str:
     return "[" + ", ".join(str(static(d) if static(d) is not None else expr(d)) for d in shape) + "]"
+
+
+def symbolic_part(value: Any) -> str | None:
+    """What is symbolic in an argument: a tensor's shape or a symbolic number, else None."""
+    if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return str(value)
+    shape = getattr(value, "shape", None)
+    if shape is not None and not is_static(shape):
+        return f"of shape {show(shape)}"
+    if isinstance(value, list | tuple):
+        return next((f"[..., {p}, ...]" for v in value if (p := symbolic_part(v)) is not None), None)
+    return None
+
+
+def require_static(op: str, where: str, checks: Sequence[tuple[str, Any, str]]) -> None:
+    """An entry's `static` key: Unsupported (the op then runs eagerly) if an argument it names,
+    given as (name, value, reason), has a symbolic size; checked before any rule runs, so that
+    no rule compares (and so specializes) that size."""
+    for name, value, reason in checks:
+        part = symbolic_part(value)
+        if part is not None:
+            raise Unsupported(f"{op} needs static sizes ({where}): {reason}; {name} is {part}")
 
 
 # --- sizes in the IR --------------------------------------------------------------------------
@@ -145,6 +166,43 @@ class Symbols:
         if isinstance(e, Mod | PythonMod):  # sizes are not negative: remainder and modulo agree
             return arith.remsi(self._emit(e.args[0]), self._emit(e.args[1]))
         raise Unsupported(f"the size expression {e} has no lowering")
+
+    def scalar(self, value: torch.SymInt | torch.SymFloat, element: ir.Type) -> ir.Value:
+        """A number computed from sizes (a count, 1 / count) as a scalar of `element` at run time:
+        integers in i64, floats in f64 (as Python computes them), then converted once."""
+        f64, i64 = ir.F64Type.get(), ir.IntegerType.get_signless(64)
+        e = value.node.expr
+        if value.node.shape_env is not None:
+            e = value.node.shape_env.simplify(e)
+        if isinstance(value, torch.SymInt):
+            out = arith.index_cast(i64, self._emit(e))
+            if isinstance(element, ir.IntegerType):
+                width = element.width
+                return out if width == 64 else arith.trunci(element, out)
+            out = arith.sitofp(f64, out)
+        else:
+            out = self._float(e)
+        if isinstance(element, ir.IntegerType):
+            raise Unsupported(f"the float {e} as an integer constant has no lowering")
+        return out if element == f64 else arith.truncf(element, out)
+
+    def _float(self, e: sympy.Expr) -> ir.Value:
+        f64, i64 = ir.F64Type.get(), ir.IntegerType.get_signless(64)
+        if e.is_number:
+            return arith.constant(f64, float(e))
+        if isinstance(e, ToFloat) or e.is_integer:
+            inner = e.args[0] if isinstance(e, ToFloat) else e
+            return arith.sitofp(f64, arith.index_cast(i64, self._emit(inner)))
+        if isinstance(e, FloatTrueDiv | IntTrueDiv):
+            return arith.divf(self._float(e.args[0]), self._float(e.args[1]))
+        if isinstance(e, sympy.Add | sympy.Mul):
+            combine = arith.addf if isinstance(e, sympy.Add) else arith.mulf
+            parts = [self._float(a) for a in e.args]
+            out = parts[0]
+            for a in parts[1:]:
+                out = combine(out, a)
+            return out
+        raise Unsupported(f"the size expression {e} has no lowering as a float")
 
 
 _CURRENT: contextvars.ContextVar[Symbols | None] = contextvars.ContextVar("torchtosa_symbols", default=None)

@@ -14,6 +14,7 @@ predicate of select) get a `tosa.cast` on the way in or out, which
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -176,7 +177,9 @@ class Builder:
             # floats; through f32 (exact) it rounds once, as torch converts them
             operands = [self.create("tosa.cast", operands, {}, operands[0].shape, torch.float32)]
         if (any(isinstance(o, ShapeOperand) and not is_static(o.dims) for o in operands)
-                or (name == "tosa.const" and not is_static(shape))):
+                or (name == "tosa.const" and (not is_static(shape) or _sized(attrs["values"][1])))
+                # tosa-to-linalg's tile of a symbolic shape reshapes with several -1 (invalid)
+                or (name == "tosa.tile" and not is_static(operands[0].shape))):
             return self._dynamic(name, operands, attrs, shape, dtype)
         values = []
         for i, operand in enumerate(operands):
@@ -215,6 +218,8 @@ class Builder:
         if name == "tosa.slice":
             source, start, size = operands[0], operands[1].dims, operands[2].dims
             return self._extract_slice(source, start, size)
+        if name == "tosa.pad":
+            return self._pad(operands[0], operands[1].dims, operands[2], shape)
         if name == "tosa.tile":
             source, multiples = operands[0], operands[1].dims
             if any(static(m) != 1 and static(s) != 1 for s, m in zip(source.shape, multiples, strict=True)):
@@ -223,6 +228,13 @@ class Builder:
             return self.broadcast_to(source, shape)
         if name == "tosa.const":
             value = attrs["values"][1]
+            if _sized(value):  # a number computed from sizes (1 / count): made at run time
+                value = value[0] if isinstance(value, list | tuple) else value
+                scalar = symbolic.current().scalar(value, element_type(dtype))
+                one = tensor_type([1] * len(shape), dtype)
+                splat = ir.Operation.create("tensor.from_elements", results=[one],
+                                            operands=[scalar] * math.prod(one.shape)).result
+                return self.broadcast_to(Tensor(splat, (1,) * len(shape), dtype), shape)
             if isinstance(value, torch.Tensor | list | tuple) and torch.as_tensor(value).numel() != 1:
                 raise Unsupported(f"{self.where}: a constant of symbolic shape {symbolic.show(shape)} "
                                   "that is not one value repeated")
@@ -262,6 +274,30 @@ class Builder:
         with ir.InsertionPoint(body):
             linalg.YieldOp([body.arguments[0]])
         return Tensor(generic.results[0], tuple(shape), t.dtype)
+
+    def _pad(self, t: Tensor, padding: Sequence[Dim], pad_const: ir.Value, shape: tuple[Dim, ...]) -> Tensor:
+        """tosa.pad with symbolic amounts, as tensor.pad (what tosa-to-tensor makes of static ones)."""
+        dynamic = ir.ShapedType.get_dynamic_size()
+        low, high = padding[0::2], padding[1::2]
+        operands = [t.value] + [self.index(d) for d in low if static(d) is None]
+        operands += [self.index(d) for d in high if static(d) is None]
+        index = ir.IndexType.get()
+        zero = ir.Operation.create("arith.constant", results=[index],
+                                   attributes={"value": ir.IntegerAttr.get(index, 0)}).result
+        elem = element_type(t.dtype)
+        value = ir.Operation.create("tensor.extract", results=[elem], operands=[pad_const, zero]).result
+        op = ir.Operation.create(
+            "tensor.pad", results=[tensor_type(shape, t.dtype)], operands=operands, regions=1,
+            attributes={"static_low": ir.DenseI64ArrayAttr.get([dynamic if static(d) is None else static(d)
+                                                                for d in low]),
+                        "static_high": ir.DenseI64ArrayAttr.get([dynamic if static(d) is None else static(d)
+                                                                 for d in high]),
+                        "operandSegmentSizes": ir.DenseI32ArrayAttr.get(
+                            [1, sum(static(d) is None for d in low), sum(static(d) is None for d in high)])})
+        body = op.regions[0].blocks.append(*([index] * t.rank))
+        with ir.InsertionPoint(body):
+            ir.Operation.create("tensor.yield", operands=[value])
+        return Tensor(op.result, shape, t.dtype)
 
     def _extract_slice(self, t: Tensor, start: Sequence[Dim], size: Sequence[Dim]) -> Tensor:
         dynamic = ir.ShapedType.get_dynamic_size()
@@ -382,6 +418,14 @@ class Builder:
                 raise self.invalid(f"result {i} is {_show(t.shape, t.dtype)} but the shape/dtype rules say "
                                    f"{_show(shape, dtype)}")
         return list(values)
+
+
+def _sized(value: Any) -> bool:
+    """A constant's value that is a symbolic number (computed from symbolic sizes), alone or in a
+    one-element list."""
+    if isinstance(value, list | tuple) and len(value) == 1:
+        value = value[0]
+    return isinstance(value, torch.SymInt | torch.SymFloat)
 
 
 def _show(shape: Sequence[Dim], dtype: torch.dtype) -> str:

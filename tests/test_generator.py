@@ -25,6 +25,7 @@ import generator.spec
 from generator.render import render_catalogue, render_family, render_registry
 from generator.source import SpecError
 from generator.spec import load_specs
+from torchtosa import Unsupported
 
 ROOT = Path(__file__).resolve().parent.parent
 MARK = "‸"
@@ -230,6 +231,9 @@ MISTAKES = [
     ("sample-dtypes-unknown", "sample_dtypes: [f32, i32]", "sample_dtypes: [f32, ‸int]", "unknown dtype 'int'"),
     ("sorted-not-a-tensor", "  sample_dtypes: [f32, i32]\n", "  sorted: [‸alpha]\n  sample_dtypes: [f32, i32]\n",
      "sorted names Tensor arguments (self, other), not 'alpha'"),
+    ("static-unknown-argument", "  sample_dtypes: [f32, i32]\n",
+     "  static: {‸bogus: why}\n  sample_dtypes: [f32, i32]\n",
+     "static names arguments with sizes (self, other, alpha), not 'bogus'"),
 ]
 
 
@@ -259,6 +263,24 @@ def test_good_spec_loads_and_renders(opdefs: Path) -> None:
     assert render_family(entries2, "fam.yaml") == src
     assert render_catalogue(catalogue2, "opdefs/tosa.yaml") == render_catalogue(catalogue, "opdefs/tosa.yaml")
     assert render_registry(entries2, [], "0") == render_registry(entries, [], "0")
+
+
+def test_static_key_rejects_symbolic_sizes_before_any_rule(opdefs: Path) -> None:
+    """`static` names the arguments whose sizes must be static: a symbolic one is Unsupported
+    (with the reason and the entry's file:line) before the rules could guard on it."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    static = '  static: {other: "a reason"}\n  sample_dtypes:'
+    (opdefs / "fam.yaml").write_text(GOOD.replace("  sample_dtypes:", static))
+    _, entries = load_specs(opdefs)
+    fn = load_generated(render_family(entries, "fam.yaml"), "aten_add_Tensor")
+    assert fn(None, Desc((3,), torch.float32), Desc((3,), torch.float32), 1) == [((3,), torch.float32)]
+    env = ShapeEnv()
+    s0 = env.create_symintnode(env.create_symbol(5, ConstantSource("n")), hint=5)
+    assert fn(None, Desc((s0,), torch.float32), Desc((1,), torch.float32), 1) == [((s0,), torch.float32)]
+    with pytest.raises(Unsupported, match=r"aten.add.Tensor needs static sizes \(.*fam.yaml:2\): a reason; other is"):
+        fn(None, Desc((3,), torch.float32), Desc((s0,), torch.float32), 1)
 
 
 PRIMS = """\
