@@ -27,26 +27,6 @@ len, range, abs, sum, all, any = (
     builtins.len, builtins.range, builtins.abs, builtins.sum, builtins.all, builtins.any)
 
 
-def _extremum(pick: Any, symbolic: Any, args: tuple[Any, ...]) -> Any:
-    items = builtins.list(args[0]) if builtins.len(args) == 1 else builtins.list(args)
-    if builtins.any(isinstance(x, torch.SymInt) for x in items):  # stays symbolic: no guard
-        out = items[0]
-        for x in items[1:]:
-            out = symbolic(out, x)
-        return out
-    return pick(*args)
-
-
-def min(*args: Any) -> Any:
-    """builtins.min; of sizes, a symbolic min (torch.sym_min) rather than a guard."""
-    return _extremum(builtins.min, torch.sym_min, args)
-
-
-def max(*args: Any) -> Any:
-    """builtins.max; of sizes, a symbolic max (torch.sym_max) rather than a guard."""
-    return _extremum(builtins.max, torch.sym_max, args)
-int, float, list, sorted, enumerate, zip, reversed = (
-    builtins.int, builtins.float, builtins.list, builtins.sorted, builtins.enumerate, builtins.zip, builtins.reversed)
 float, list, sorted, enumerate, zip, reversed = (
     builtins.float, builtins.list, builtins.sorted, builtins.enumerate, builtins.zip, builtins.reversed)
 

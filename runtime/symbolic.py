@@ -23,7 +23,15 @@ from mlir import ir
 from mlir.dialects import arith, tensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq
 from torch.utils._sympy.functions import (
-    CeilDiv, FloatTrueDiv, FloorDiv, IntTrueDiv, Max, Min, Mod, PythonMod, ToFloat,
+    CeilDiv,
+    FloatTrueDiv,
+    FloorDiv,
+    IntTrueDiv,
+    Max,
+    Min,
+    Mod,
+    PythonMod,
+    ToFloat,
 )
 
 from .errors import Unsupported
