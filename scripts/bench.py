@@ -507,7 +507,7 @@ def command_line() -> str:
 
 
 def write_doc(env: dict[str, str], table: str, notes: list[str], scaling: str | None,
-              dynamic: str | None = None) -> None:
+              dynamic: str | None = None, generation: str | None = None) -> None:
     text = ["# Benchmarks", "",
             "Written by `scripts/bench.py` (`make bench`); regenerate rather than edit. The method (backends, "
             "interleaved timing, FLOP counting, what compile time and peak RSS include) is described in the "
@@ -521,6 +521,10 @@ def write_doc(env: dict[str, str], table: str, notes: list[str], scaling: str | 
                  "`torchtosa.compile` for that size (the parallel rows with the parallel static compile, 2 threads), "
                  "\"vs eager 1t\" with eager PyTorch on one thread (above 1x is slower). Inductor is compiled "
                  "with `dynamic=True` once too. Compile time is shown where a size compiled.", "", dynamic, ""]
+    if generation:
+        text += ["### Greedy generation with the dynamic KV cache", "",
+                 "`model.forward = torch.compile(model.forward, backend=\"torchtosa\", dynamic=True)`, then "
+                 "`model.generate` as in eager; one thread.", "", generation, ""]
     if scaling:
         text += ["## Compile time against depth", "",
                  "torchtosa (opt=\"default\") on BertModel h256 of 1 to 8 layers, [1x64 tokens]; \"per layer\" is "
@@ -620,6 +624,54 @@ def _dynamic_workload(name: str, sizes: tuple[int, ...], args: argparse.Namespac
     return rows
 
 
+GENERATE_TOKENS = 32
+
+
+def generate_section(notes: list[str]) -> str:
+    """Greedy generation of GENERATE_TOKENS tokens with the default (dynamic) KV cache on tiny
+    Llama and GPT-2 models: eager against the forward compiled once with dynamic=True (one
+    thread; best of 5 generations after the compiling one)."""
+    import transformers
+
+    configs = {
+        "LlamaForCausalLM": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64)),
+        "GPT2LMHeadModel": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=128, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0)),
+    }
+    options = {"max_new_tokens": GENERATE_TOKENS, "min_new_tokens": GENERATE_TOKENS, "do_sample": False,
+               "pad_token_id": 0}
+    rows = []
+    for name, make in configs.items():
+        torch.manual_seed(0)
+        torch._dynamo.reset()
+        model = make().eval()
+        ids = torch.randint(1, 128, (1, 5))
+
+        def generate(model: nn.Module = model, ids: torch.Tensor = ids) -> tuple[float, torch.Tensor]:
+            start = time.perf_counter()
+            out = model.generate(ids, **options)
+            return time.perf_counter() - start, out
+
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            generate()
+            eager, want = min(generate() for _ in range(5))
+            counter = _Counted()
+            model.forward = torch.compile(model.forward, backend=counter, dynamic=True)
+            first, got = generate()
+            compiled = min(generate()[0] for _ in range(5))
+        same = "yes" if torch.equal(got, want) else "NO"
+        rows.append([name, f"{eager * 1e3:.1f} ms", f"{compiled * 1e3:.1f} ms", _ratio(compiled, eager),
+                     f"{first:.1f} s", str(counter.graphs), same])
+        print("  " + "  ".join(rows[-1]), flush=True)
+    notes.append(f"generate: {GENERATE_TOKENS} new tokens from a 5-token prompt; the compiled column is the "
+                 "whole generate() with the forward compiled (HF's Python loop included)")
+    return markdown(rows, ["model", "eager generate", "torchtosa generate", "vs eager", "first generate (compiles)",
+                           "graphs compiled", "tokens equal"])
+
+
 def _ratio(time: float | None, base: float | None) -> str:
     """`time` against `base` as a factor: above 1 is slower."""
     return f"{time / base:.2f}x" if time and base else "-"
@@ -707,6 +759,10 @@ def main() -> int:
             print("  " + "  ".join(row[1:]), flush=True)
 
     dynamic = None if args.no_dynamic else dynamic_section(args, notes)
+    generation = None
+    if not args.no_dynamic and not args.only:
+        print("\ngreedy generate, dynamic KV cache:", flush=True)
+        generation = generate_section(notes)
     scaling = None
     if not args.no_scaling and not args.only and not args.dynamic_only:
         print("\ncompile time against depth (BertModel h256):", flush=True)
@@ -718,13 +774,16 @@ def main() -> int:
     if dynamic:
         print()
         print(dynamic)
+    if generation:
+        print()
+        print(generation)
     if scaling:
         print()
         print(scaling)
     for note in notes:
         print(note)
     if not args.no_write and rows:
-        write_doc(env, table, notes, scaling, dynamic)
+        write_doc(env, table, notes, scaling, dynamic, generation)
         print(f"\nwrote {DOC.relative_to(ROOT)}")
     return 0
 
