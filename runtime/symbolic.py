@@ -5,7 +5,7 @@ ints, so arithmetic stays symbolic and a comparison that needs a concrete answer
 the ShapeEnv (Dynamo checks those guards before it calls the compiled graph). MLIR sees a
 symbolic dim as `?`; where an op needs its value (a dynamic reshape or slice), `Symbols.index`
 emits it from `tensor.dim` of the function argument the symbol is a size of. At run time
-`SizeFunction` computes output sizes from input sizes with the same expressions.
+`evaluator`s of the same expressions compute output sizes from the inputs' sizes (execute.py).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def mlir_dims(shape: Sequence[Dim]) -> list[int]:
 
 def same(a: Dim, b: Dim, guard: bool = False) -> bool:
     """Whether two dims are provably equal, without adding a guard; or, if `guard`, equal for
-    the sizes at hand, with a guard that they stay so (`Importer.guards` checks it per call)."""
+    the sizes at hand, with a guard that they stay so (`api.Guarded` checks it per call)."""
     sa, sb = static(a), static(b)
     if sa is not None and sb is not None:
         return sa == sb
@@ -89,7 +89,6 @@ def same(a: Dim, b: Dim, guard: bool = False) -> bool:
 
 def same_shape(a: Sequence[Dim], b: Sequence[Dim], guard: bool = False) -> bool:
     return len(a) == len(b) and all(same(x, y, guard) for x, y in zip(a, b, strict=True))
-
 
 
 def show(shape: Sequence[Dim]) -> str:
@@ -165,6 +164,12 @@ class Symbols:
             out = args[0]
             for a in args[1:]:
                 out = _ARITH[type(e)](out, a)
+            return out
+        if isinstance(e, sympy.Pow) and isinstance(e.args[1], sympy.Integer) and int(e.args[1]) > 0:
+            base = self._emit(e.args[0])
+            out = base
+            for _ in range(int(e.args[1]) - 1):
+                out = arith.muli(out, base)
             return out
         if isinstance(e, CeilDiv):  # -((-a) // b)
             a, b = self._emit(e.args[0]), self._emit(e.args[1])
