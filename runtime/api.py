@@ -107,12 +107,16 @@ def _capture(fn: Any, args: tuple, kwargs: dict) -> Captured:
     return capture(fn, args, kwargs)
 
 
-def compile_graph(gm: torch.fx.GraphModule, options: Options) -> tuple[Callable[..., Any], Explanation]:
+def compile_graph(gm: torch.fx.GraphModule, options: Options,
+                  respecialize: bool = False) -> tuple[Callable[..., Any], Explanation]:
     """A callable running `gm` natively (with eager regions if `options.fallback == "eager"`),
     returning its flat outputs, and what runs where. Assumptions the lowering made about
-    symbolic sizes (guards it added to the graph's ShapeEnv) are checked at every call."""
+    symbolic sizes (guards it added to the graph's ShapeEnv) are checked at every call: a call
+    that breaks one raises InputMismatch, or, if `respecialize` (a torch.compile graph, whose
+    guards Dynamo fixed before this lowering ran), is compiled for its concrete sizes."""
     shape_env = _shape_env(gm)
     before = len(shape_env.guards) if shape_env is not None else 0
+    sources = Guarded.sources_of(gm)  # before lowering: a guard may replace a symbol by its value
     if options.fallback == "error":
         program, runner = CACHE.get(gm, options.opt)
         explanation = all_native(gm, program)
@@ -120,7 +124,8 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options) -> tuple[Callable[
         runner, explanation = split(gm, lambda g: CACHE.get(g, options.opt), options.min_region_ops)
         warn_fallbacks(explanation)
     if shape_env is not None and len(shape_env.guards) > before:
-        runner = Guarded(runner, [g.expr for g in shape_env.guards[before:]], gm)
+        otherwise = _Specializing(gm, options) if respecialize else None
+        runner = Guarded(runner, [g.expr for g in shape_env.guards[before:]], sources, otherwise)
     return runner, explanation
 
 
@@ -136,8 +141,16 @@ def _shape_env(gm: torch.fx.GraphModule) -> Any:
 class Guarded:
     """A compiled graph that checks, before each call, the guards its lowering added."""
 
-    def __init__(self, run: Callable[..., Any], guards: list[Any], gm: torch.fx.GraphModule) -> None:
-        self.run = run
+    def __init__(self, run: Callable[..., Any], guards: list[Any], sources: dict[Any, tuple[int, int | None]],
+                 otherwise: Callable[..., Any] | None = None) -> None:
+        self.run, self.otherwise = run, otherwise
+        self.sources = list(sources.items())
+        # a guard on sizes no argument carries (Dynamo checks those) is not checked here
+        self.guards = [(g, evaluator(g)) for g in guards if g.free_symbols <= set(sources)]
+
+    @staticmethod
+    def sources_of(gm: torch.fx.GraphModule) -> dict[Any, tuple[int, int | None]]:
+        """Where each size symbol of `gm`'s placeholders is: (argument, dim, or None for an int)."""
         sources: dict[Any, tuple[int, int | None]] = {}
         for i, node in enumerate(gm.graph.find_nodes(op="placeholder")):
             val = node.meta.get("val")
@@ -145,14 +158,14 @@ class Guarded:
             for d, size in dims:
                 if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
                     sources.setdefault(size.node.expr, (i, d))
-        self.sources = list(sources.items())
-        # a guard on sizes no argument carries (Dynamo checks those) is not checked here
-        self.guards = [(g, evaluator(g)) for g in guards if g.free_symbols <= set(sources)]
+        return sources
 
     def __call__(self, *args: Any) -> Any:
         values = {sym: args[i] if d is None else args[i].shape[d] for sym, (i, d) in self.sources}
         for guard, check in self.guards:
             if not check(values):
+                if self.otherwise is not None:
+                    return self.otherwise(*args)
                 raise InputMismatch(f"the input sizes {dict(values)} break the assumption {guard} the "
                                     "native code was compiled under; compile again for these sizes")
         return self.run(*args)
@@ -401,7 +414,7 @@ def _compile_captured(captured: Captured, options: Options,
     and are read from the tensors at run time). With fallback="error", a graph some op of which
     can't take a symbolic size is compiled per concrete shape instead (and says so)."""
     try:
-        run, explanation = compile_graph(captured.gm, options)
+        run, explanation = compile_graph(captured.gm, options, respecialize=True)
     except Unsupported as err:
         if options.fallback != "error" or not _symbolic(captured.gm):
             raise

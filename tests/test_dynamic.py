@@ -6,11 +6,12 @@ from __future__ import annotations
 import warnings
 
 import pytest
+import sympy
 import torch
 from torch.export import Dim
 
 import torchtosa
-from torchtosa.api import CACHE, torchtosa_backend
+from torchtosa.api import CACHE, Guarded, torchtosa_backend
 
 transformers = pytest.importorskip("transformers")
 
@@ -119,3 +120,32 @@ def test_export_with_dim_ranges_keeps_symbolic_dims() -> None:
         compiled(torch.randn(65, 24))
     with pytest.raises(torchtosa.InputMismatch):
         compiled(torch.randn(5, 23))
+
+
+def test_bert_at_batch_one_keeps_the_sequence_symbolic() -> None:
+    """No rule may fix a symbolic size to its value (arange's bounds once did: float(s0))."""
+    torch.manual_seed(0)
+    model = tiny_bert()
+    counter = Counting()
+    compiled = torch.compile(model, backend=counter, dynamic=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", torchtosa.FallbackWarning)
+        for seq in (33, 64, 100):
+            ids, mask = torch.randint(0, 100, (1, seq)), torch.ones(1, seq, dtype=torch.long)
+            torch.testing.assert_close(compiled(ids, mask).last_hidden_state, model(ids, mask).last_hidden_state,
+                                       atol=1e-5, rtol=1e-5)
+            if seq == 33:
+                compiles, graphs = CACHE.compiles, counter.frame_count
+            assert (CACHE.compiles, counter.frame_count) == (compiles, graphs), f"recompiled at sequence {seq}"
+    torch._dynamo.reset()
+
+
+def test_guards_the_lowering_added_are_checked_per_call() -> None:
+    s0 = sympy.Symbol("s0", positive=True, integer=True)
+    guarded = Guarded(lambda *args: "native", [sympy.Le(s0, 8)], {s0: (0, 0)})
+    assert guarded(torch.zeros(5)) == "native"
+    with pytest.raises(torchtosa.InputMismatch, match="s0 <= 8"):
+        guarded(torch.zeros(9))
+    # a torch.compile graph compiles for the sizes of a call that breaks one instead
+    again = Guarded(lambda *args: "native", [sympy.Le(s0, 8)], {s0: (0, 0)}, otherwise=lambda *args: "specialised")
+    assert again(torch.zeros(9)) == "specialised"
