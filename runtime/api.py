@@ -18,17 +18,13 @@ from torch.fx.experimental.symbolic_shapes import has_free_symbols
 
 from .capture import Captured, capture, capture_exported, make_backend, mha_fastpath_disabled, translated_dynamo_errors
 from .errors import InputMismatch, TorchTosaError, Unsupported
-from .execute import NativeFunction, TensorSpec
+from .execute import NativeFunction
 from .importer import Program, import_graph
 from .options import MIN_REGION_OPS, Options
 from .regions import Explanation, NativeRegion, all_native, split, warn_fallbacks
-from .symbolic import evaluator, symbol_sources
+from .symbolic import evaluator, shape_env_of
 
 Signature = tuple[Any, ...]
-
-
-def _signature(tensors: list[torch.Tensor]) -> tuple[TensorSpec, ...]:
-    return tuple(TensorSpec(tuple(t.shape), t.dtype) for t in tensors)
 
 
 class GraphFunction:
@@ -41,8 +37,6 @@ class GraphFunction:
         self.arguments = None if program.arguments == list(range(count)) else program.arguments
         self.scalars = list(program.scalars)
         self.sizes = [(i, evaluator(e)) for i, e in program.sizes]
-        sources = symbol_sources([s.shape for s in program.inputs], program.scalars)
-        self.sources = [(sym, b.arg, b.dim) for sym, b in sources.items()]
 
     def __call__(self, *args: Any) -> list[Any]:
         tensors = args if self.arguments is None else [args[i] for i in self.arguments]
@@ -52,8 +46,7 @@ class GraphFunction:
                 tensors[i] = torch.tensor(tensors[i], dtype=torch.int64)
         results = self.native(*tensors)
         if self.sizes:
-            values = {sym: tensors[i].shape[d] if d is not None else int(tensors[i])
-                      for sym, i, d in self.sources}
+            values = self.native.size_values(tensors)
             for i, fn in self.sizes:
                 results.insert(i, fn(values))
         return results
@@ -114,7 +107,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options,
     symbolic sizes (guards it added to the graph's ShapeEnv) are checked at every call: a call
     that breaks one raises InputMismatch, or, if `respecialize` (a torch.compile graph, whose
     guards Dynamo fixed before this lowering ran), is compiled for its concrete sizes."""
-    shape_env = _shape_env(gm)
+    shape_env = shape_env_of(n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder"))
     before = len(shape_env.guards) if shape_env is not None else 0
     sources = Guarded.sources_of(gm)  # before lowering: a guard may replace a symbol by its value
     if options.fallback == "error":
@@ -127,15 +120,6 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options,
         otherwise = _Specializing(gm, options) if respecialize else None
         runner = Guarded(runner, [g.expr for g in shape_env.guards[before:]], sources, otherwise)
     return runner, explanation
-
-
-def _shape_env(gm: torch.fx.GraphModule) -> Any:
-    for node in gm.graph.find_nodes(op="placeholder"):
-        val = node.meta.get("val")
-        for d in (val.shape if isinstance(val, torch.Tensor) else [val]):
-            if isinstance(d, torch.SymInt):
-                return d.node.shape_env
-    return None
 
 
 class Guarded:
@@ -224,9 +208,10 @@ class CompiledFunction:
                     raise
                 return self._eagerly(key, str(err))
         exported = isinstance(self.fn, torch.export.ExportedProgram)
-        if not exported and (self.dynamic or (self.dynamic is None and self._resized(key))):
+        resized = self._resized(key) if not exported and self.dynamic is None else []
+        if not exported and (self.dynamic or resized):
             self._through_dynamo("sizes vary: one compile with symbolic sizes serves them", warn=False,
-                                 resized=self._resized(key))
+                                 resized=resized)
             with self.lock:
                 self.compiled[key] = None
             return None

@@ -137,18 +137,7 @@ class NativeFunction:
                 raise InputMismatch(_mismatch(i, t, self.inputs[i]))
             tensors.append(t if t.is_contiguous() else t.contiguous())
         results = [torch.empty(shape, dtype=dtype) for shape, dtype in self._results]
-        tensors += results
-        # A frame per concurrent call: list.pop/append are atomic, so threads
-        # (and re-entrant calls) never share one.
-        try:
-            frame = self._free_frames.pop()
-        except IndexError:
-            frame = self._layout.new_frame()
-        words = frame.words
-        for index, t in zip(frame.descriptors, tensors, strict=True):
-            words[index] = words[index + 1] = t.data_ptr()
-        self._fn(frame.args)
-        self._free_frames.append(frame)
+        self._run(tensors + results, with_sizes=False)
         return results
 
     def _call_dynamic(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -159,10 +148,21 @@ class NativeFunction:
             if not (isinstance(t, torch.Tensor) and t.dtype is spec.dtype and t.dim() == len(spec.shape)
                     and t.is_cpu and t.layout is torch.strided):
                 raise InputMismatch(_mismatch(i, t, spec))
-        shapes = self._sizes.output_shapes(args)
+        shapes = self._sizes.output_shapes(self._sizes.values(args), args)
         tensors = [t if t.is_contiguous() else t.contiguous() for t in args]
         results = [torch.empty(shape, dtype=spec.dtype) for shape, spec in zip(shapes, self.outputs, strict=True)]
-        tensors += results
+        self._run(tensors + results, with_sizes=True)
+        return results
+
+    def size_values(self, args: Sequence[torch.Tensor]) -> dict[sympy.Symbol, int]:
+        """The value of each size symbol for these arguments (none for static code)."""
+        return self._sizes.values(args) if self.dynamic else {}
+
+    def _run(self, tensors: list[torch.Tensor], with_sizes: bool) -> None:
+        """Call the native code on contiguous `tensors` (inputs, then outputs); `with_sizes`
+        writes each tensor's sizes and strides into its descriptor too (dynamic shapes)."""
+        # A frame per concurrent call: list.pop/append are atomic, so threads
+        # (and re-entrant calls) never share one.
         try:
             frame = self._free_frames.pop()
         except IndexError:
@@ -170,13 +170,11 @@ class NativeFunction:
         words = frame.words
         for index, t in zip(frame.descriptors, tensors, strict=True):
             words[index] = words[index + 1] = t.data_ptr()
-            rank = t.dim()
-            if rank:
+            if with_sizes and (rank := t.dim()):
                 words[index + 3:index + 3 + rank] = list(t.shape)
                 words[index + 3 + rank:index + 3 + 2 * rank] = _contiguous_strides(tuple(t.shape))
         self._fn(frame.args)
         self._free_frames.append(frame)
-        return results
 
 
 class _SizeRules:
@@ -198,8 +196,12 @@ class _SizeRules:
                        if not (isinstance(s, sympy.Symbol) and sources[s] == Bound(i, d))]
         self.outputs = [[evaluator(s) for s in spec.shape] for spec in outputs]
 
-    def output_shapes(self, args: Sequence[torch.Tensor]) -> list[list[int]]:
-        values = {sym: args[i].shape[d] if d is not None else int(args[i]) for sym, i, d in self.sources}
+    def values(self, args: Sequence[torch.Tensor]) -> dict[sympy.Symbol, int]:
+        """Each symbol's value: an input's dim, or the number a rank-0 input holds."""
+        return {sym: args[i].shape[d] if d is not None else int(args[i]) for sym, i, d in self.sources}
+
+    def output_shapes(self, values: dict[sympy.Symbol, int], args: Sequence[torch.Tensor]) -> list[list[int]]:
+        """The output shapes for these symbol values, after checking the inputs against them."""
         for i, d, fn in self.checks:
             if args[i].shape[d] != fn(values):
                 raise InputMismatch(_mismatch(i, args[i], self.inputs[i]) + f" (dim {d} must be {fn(values)})")

@@ -20,7 +20,7 @@ from . import symbolic
 from .errors import InvalidInput, LoweringError, TorchTosaError, Unsupported
 from .execute import TensorSpec
 from .registry import registry
-from .support import schema_arguments, used_results
+from .support import is_size, schema_arguments, used_results
 from .tosa import Builder, Tensor, storage_layout, tensor_type
 
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -248,7 +248,7 @@ class Importer:
             raise Unsupported(f"{node.op} node {node.name} ({where(node)}): only aten graphs are supported")
         if node.target is operator.getitem:
             return self.env[node.args[0]][node.args[1]]
-        if isinstance(node.meta.get("val"), _SYMBOLIC):
+        if is_size(node):
             return node.meta["val"]  # size arithmetic (sym_size, operator.mul...): the rules compute it
         if not isinstance(node.target, torch._ops.OpOverload):
             raise Unsupported(f"{node.target} ({where(node)}) is not an aten op; "
@@ -314,8 +314,7 @@ def _ranges(specs: list[TensorSpec], placeholders: list[torch.fx.Node]) -> dict[
     symbols = symbolic.free_symbols([s.shape for s in specs])
     if not symbols:
         return {}
-    shape_env = next((d.node.shape_env for n in placeholders for d in n.meta["val"].shape
-                      if isinstance(d, torch.SymInt)), None)
+    shape_env = symbolic.shape_env_of(n.meta["val"] for n in placeholders)
     return {sym: symbolic.value_range(sym, shape_env) for sym in sorted(symbols, key=str)}
 
 

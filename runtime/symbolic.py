@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +89,15 @@ def same(a: Dim, b: Dim, guard: bool = False) -> bool:
 
 def same_shape(a: Sequence[Dim], b: Sequence[Dim], guard: bool = False) -> bool:
     return len(a) == len(b) and all(same(x, y, guard) for x, y in zip(a, b, strict=True))
+
+
+def shape_env_of(values: Iterable[Any]) -> Any:
+    """The ShapeEnv of the first symbolic size among graph values (tensors or sizes), or None."""
+    for val in values:
+        for d in (val.shape if isinstance(val, torch.Tensor) else [val]):
+            if isinstance(d, torch.SymInt):
+                return d.node.shape_env
+    return None
 
 
 def show(shape: Sequence[Dim]) -> str:

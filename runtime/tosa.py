@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from mlir import ir
+from mlir.dialects import linalg
 
 from . import symbolic
 from .errors import LoweringError, Unsupported
@@ -258,8 +259,6 @@ class Builder:
 
     def broadcast_to(self, t: Tensor, shape: Sequence[Dim]) -> Tensor:
         """`t` (same rank) repeated along its size-1 dims to `shape`, as a linalg.generic."""
-        from mlir.dialects import linalg
-
         rank = len(shape)
         exprs = [ir.AffineExpr.get_constant(0) if static(s) == 1 and static(d) != 1 else ir.AffineDimExpr.get(i)
                  for i, (s, d) in enumerate(zip(t.shape, shape, strict=True))]

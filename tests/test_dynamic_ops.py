@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import sympy
 import torch
-from test_ops import CASES, IDS, UNSPECIFIED_VALUES, call_torch, entry_for, make_args
+from test_ops import CASES, IDS, assert_matches_eager, call_torch, entry_for, make_args
 from torch._dispatch.python import enable_python_dispatcher
 from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -214,15 +214,7 @@ def test_symbolic_sizes(e: OpDef, s: Sample, monkeypatch: pytest.MonkeyPatch) ->
     program = importer.import_graph(g.gm)
     assert not (fixed := specializations(g.shape_env, before)), f"{e.where} specializes sizes: {fixed}"
     native = NativeFunction(program.module, program.inputs, program.outputs, opt="none", ranges=program.ranges)
-    got = native(*g.tensors)
-    expected = call_torch(e, args)
-    tol = s.tolerance or e.tolerance or {}
-    assert len(got) == len(expected)
-    for x, y in zip(got, expected, strict=True):
-        if e.op in UNSPECIFIED_VALUES:
-            assert (x.shape, x.dtype) == (y.shape, y.dtype)
-            continue
-        torch.testing.assert_close(x, y, equal_nan=True, **({"rtol": tol["rtol"], "atol": tol["atol"]} if tol else {}))
+    assert_matches_eager(e, s, native(*g.tensors), call_torch(e, args))
 
 
 def test_every_dynamic_entry_has_a_symbolic_sample() -> None:
