@@ -1,19 +1,30 @@
 """torchtosa: PyTorch → TOSA → native code, with every aten mapping declared in YAML.
 
     prog = torchtosa.to_tosa(fn, *example_inputs)     # TOSA MLIR (print(prog), prog.module)
+    torchtosa.to_tosa(model, x, target="TOSA-1.0+FP", freeze=True)  # conformant, weights inside
     fast = torchtosa.compile(fn, *example_inputs)     # native code through the pass pipeline
     torch.compile(fn, backend="torchtosa")            # the same as a torch.compile backend
     torchtosa.explain(fn, *example_inputs)            # which ops run natively, which eagerly and why
 """
 
 from .api import CompiledFunction, compile, explain, to_tosa, torchtosa_backend
-from .errors import CompileError, InputMismatch, InvalidInput, LoweringError, TorchTosaError, Unsupported
+from .errors import (
+    CompileError,
+    InputMismatch,
+    InvalidInput,
+    LoweringError,
+    NotConformant,
+    TorchTosaError,
+    Unsupported,
+)
 from .importer import Program
 from .regions import Explanation, FallbackWarning
+from .target import Target
 
 __all__ = [
     "CompileError", "CompiledFunction", "Explanation", "FallbackWarning", "InputMismatch", "InvalidInput",
-    "LoweringError", "Program", "TorchTosaError", "Unsupported", "compile", "explain", "to_tosa", "torchtosa_backend",
+    "LoweringError", "NotConformant", "Program", "Target", "TorchTosaError", "Unsupported", "compile",
+    "explain", "to_tosa", "torchtosa_backend",
 ]
 
 

@@ -17,12 +17,15 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import has_free_symbols
 
 from .capture import Captured, capture, capture_exported, make_backend, mha_fastpath_disabled, translated_dynamo_errors
-from .errors import InputMismatch, TorchTosaError, Unsupported
+from .errors import InputMismatch, NotConformant, TorchTosaError, Unsupported
 from .execute import NativeFunction
+from .freeze import fold_constants
+from .freeze import freeze as freeze_graph
 from .importer import Program, import_graph
 from .options import MIN_REGION_OPS, Options
 from .regions import Explanation, NativeRegion, all_native, split, warn_fallbacks
 from .symbolic import evaluator, shape_env_of
+from .target import Target
 
 Signature = tuple[Any, ...]
 
@@ -83,13 +86,52 @@ class _Cache:
 CACHE = _Cache()
 
 
-def to_tosa(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args: Any, **kwargs: Any) -> Program:
+def to_tosa(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args: Any,
+            target: str | Target | None = "auto", freeze: bool = False, **kwargs: Any) -> Program:
     """The TOSA module of a function, module or ExportedProgram for these example inputs.
 
     `print(prog)` shows the MLIR; `prog.module` is the `mlir.ir.Module`. Strict: an op that
     can't be lowered raises `Unsupported` naming it (no eager fallback in one TOSA module).
+
+    `target` ("TOSA-1.0+FP", "TOSA-1.0+FP+INT+bf16", "TOSA-1.1+FP+INT+int64", a `Target`): the
+    module conforms to it (`tosa.target_env`, checked by MLIR's tosa-validate), or the error
+    names the op that doesn't. "auto" picks the most conformant target that covers the model
+    (`prog.target`), and falls back to torchtosa's native flavour of TOSA (target None: what
+    `compile` lowers; bools as i8, int64, MLIR math ops) if none does. Shapes must be static.
+    `freeze=True` makes parameters and buffers constants (named by their module path) so the
+    module alone is the model; otherwise they are the function's leading arguments.
     """
-    return import_graph(_capture(fn, args, kwargs).gm)
+    captured = _capture(fn, args, kwargs)
+    gm = freeze_graph(captured) if freeze else captured.gm
+    if freeze or target is not None:
+        fold_constants(gm)
+    if target != "auto":
+        return import_graph(gm, aim=None if target is None else Target.parse(target))
+    return _most_conformant(gm)
+
+
+def _most_conformant(gm: torch.fx.GraphModule) -> Program:
+    """The module for the first target it conforms to, most restrictive first."""
+    extensions = sorted({_EXTENSIONS[v.dtype] for n in gm.graph.nodes
+                         for v in pytree.tree_leaves(n.meta.get("val"))
+                         if isinstance(v, torch.Tensor) and v.dtype in _EXTENSIONS})
+    for version, choices in (("1.0", ["FP", "INT", "FP+INT"]), ("1.1", ["FP+INT+int64"])):
+        names = [f"TOSA-{version}+" + "+".join([c, *extensions]) for c in choices]
+        try:
+            program = import_graph(gm, aim=Target.parse(names[-1]))
+        except Unsupported:
+            continue
+        for name in names:  # the same module: only the profiles differ
+            try:
+                Target.parse(name).validate(program.module)
+            except NotConformant:
+                continue
+            program.target = Target.parse(name)
+            return program
+    return import_graph(gm)
+
+
+_EXTENSIONS = {torch.bfloat16: "bf16", torch.int16: "int16"}
 
 
 def _capture(fn: Any, args: tuple, kwargs: dict) -> Captured:

@@ -14,7 +14,7 @@ import functools
 import math
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -52,6 +52,9 @@ class Captured:
     example_inputs: list[torch.Tensor]
     in_spec: pytree.TreeSpec
     out_spec: pytree.TreeSpec
+    # where each of `params` comes from: its module path ("encoder.layer.0.weight"), or the
+    # placeholder's name for a tensor the function closes over
+    param_names: list[str] = field(default_factory=list)
 
 
 class _Constant:
@@ -111,7 +114,7 @@ def capture(
             remove_from_cache(_trampoline)
     out_leaves, out_spec = pytree.tree_flatten(_wrap_constants(result))
     gm, params = rec.rebuild(_state_order(fn), inputs, out_leaves)
-    return Captured(gm, params, inputs, in_spec, out_spec)
+    return Captured(gm, params, inputs, in_spec, out_spec, _state_names(fn, gm, params))
 
 
 def capture_exported(ep: torch.export.ExportedProgram) -> Captured:
@@ -132,6 +135,7 @@ def capture_exported(ep: torch.export.ExportedProgram) -> Captured:
     gm = ep.graph_module
     specs = dict(zip(gm.graph.find_nodes(op="placeholder"), sig.input_specs, strict=True))
     params = [_lifted_value(ep, s) for s in specs.values() if s.kind != InputKind.USER_INPUT]
+    names = [s.target or n.name for n, s in specs.items() if s.kind != InputKind.USER_INPUT]
     for node, spec in specs.items():
         if spec.kind == InputKind.USER_INPUT and not isinstance(node.meta.get("val"), torch.Tensor):
             gm.graph.erase_node(node)  # a specialised non-tensor input, unused
@@ -140,7 +144,7 @@ def capture_exported(ep: torch.export.ExportedProgram) -> Captured:
     _simplify(gm)
     example = ep.example_inputs or ((), {})
     inputs = [x for x in pytree.tree_leaves(example) if isinstance(x, torch.Tensor)]
-    return Captured(gm, params, inputs, ep.call_spec.in_spec, out_spec)
+    return Captured(gm, params, inputs, ep.call_spec.in_spec, out_spec, names)
 
 
 def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]]) -> Callable[..., Any]:
@@ -364,6 +368,16 @@ def _state_order(fn: Callable[..., Any] | torch.nn.Module) -> dict[int, int]:
     if not isinstance(fn, torch.nn.Module):
         return {}
     return {id(t): i for i, t in enumerate([*fn.parameters(), *fn.buffers()])}
+
+
+def _state_names(fn: Any, gm: fx.GraphModule, params: list[torch.Tensor]) -> list[str]:
+    """The module path of each lifted tensor, or its placeholder's name."""
+    named: dict[int, str] = {}
+    if isinstance(fn, torch.nn.Module):
+        for name, t in [*fn.named_parameters(remove_duplicate=False), *fn.named_buffers(remove_duplicate=False)]:
+            named.setdefault(id(t), name)
+    nodes = list(gm.graph.find_nodes(op="placeholder"))
+    return [named.get(id(t), node.name) for t, node in zip(params, nodes, strict=False)]
 
 
 def _lifted_value(ep: torch.export.ExportedProgram, spec: Any) -> torch.Tensor:

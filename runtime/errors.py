@@ -11,6 +11,10 @@ class Unsupported(TorchTosaError):
     """Valid PyTorch that torchtosa cannot lower (no mapping, or a spec's `limits`)."""
 
 
+class NotConformant(Unsupported):
+    """A TOSA module breaks its target's profiles, extensions or level (tosa-validate)."""
+
+
 class InvalidInput(TorchTosaError, ValueError):
     """Input that PyTorch rejects too (a spec's `requires` failed)."""
 

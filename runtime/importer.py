@@ -16,11 +16,12 @@ from mlir import ir
 from mlir.dialects import func
 from mlir.passmanager import PassManager
 
-from . import symbolic
+from . import symbolic, target
 from .errors import InvalidInput, LoweringError, TorchTosaError, Unsupported
 from .execute import TensorSpec
 from .registry import registry
 from .support import is_size, schema_arguments, used_results
+from .target import Target
 from .tosa import Builder, Tensor, storage_layout, tensor_type
 
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -47,6 +48,9 @@ class Program:
     scalars: dict[int, Any] = field(default_factory=dict)
     # graph outputs that are sizes, not tensors: (position among the outputs, value)
     sizes: list[tuple[int, Any]] = field(default_factory=list)
+    # the TOSA target the module conforms to (validated), or None: the native pipeline's flavour
+    # (bools as i8, int64 as i64, fallback dialects)
+    target: Target | None = None
 
     def __str__(self) -> str:
         return str(self.module)
@@ -81,9 +85,10 @@ def where(node: torch.fx.Node) -> str:
 
 
 def _location(node: torch.fx.Node) -> ir.Location:
+    """`node("file":line:0)`; a frozen parameter is named by its module path."""
     frame = user_frame(node)
     inner = ir.Location.file(frame[0], frame[1], 0) if frame else ir.Location.unknown()
-    return ir.Location.name(node.name, childLoc=inner)
+    return ir.Location.name(node.meta.get("source_name", node.name), childLoc=inner)
 
 
 def _spec(val: Any, node: torch.fx.Node) -> TensorSpec:
@@ -318,6 +323,28 @@ def _ranges(specs: list[TensorSpec], placeholders: list[torch.fx.Node]) -> dict[
     return {sym: symbolic.value_range(sym, shape_env) for sym in sorted(symbols, key=str)}
 
 
-def import_graph(gm: torch.fx.GraphModule, name: str = "forward") -> Program:
-    """Translate an aten-level FX graph (with node.meta["val"]) into a TOSA module."""
-    return Importer(gm, name).run()
+def import_graph(gm: torch.fx.GraphModule, name: str = "forward", aim: Target | None = None) -> Program:
+    """Translate an aten-level FX graph (with node.meta["val"]) into a TOSA module; for a TOSA
+    target `aim`, one that conforms to it (else NotConformant or Unsupported naming the op)."""
+    if aim is None:
+        return Importer(gm, name).run()
+    _check_for_target(gm, aim)
+    with target.using(aim):
+        program = Importer(gm, name).run()
+    aim.validate(program.module)
+    program.target = aim
+    return program
+
+
+def _check_for_target(gm: torch.fx.GraphModule, aim: Target) -> None:
+    """Static shapes and dtypes that TOSA has, before any op is lowered."""
+    dtypes = {}
+    for node in gm.graph.nodes:
+        vals = node.meta.get("val")
+        for v in vals if isinstance(vals, (list, tuple)) else [vals]:
+            if isinstance(v, torch.Tensor):
+                if not symbolic.is_static(v.shape):
+                    raise Unsupported(f"{node.name} ({where(node)}) has the symbolic shape {symbolic.show(v.shape)}: "
+                                      f"a TOSA target ({aim}) needs static shapes")
+                dtypes.setdefault(f"{node.name} ({where(node)})", v.dtype)
+    target.check_dtypes(dtypes, aim)

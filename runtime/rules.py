@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from . import target
 from .errors import InvalidInput
 
 f16, bf16, f32, f64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
@@ -737,3 +738,10 @@ def triu_pairs(n: int) -> list[list[int]]:
     (1,2), ...: the strict upper triangle of an n x n matrix, in pdist's output order."""
     pairs = [(i, j) for i in builtins.range(n) for j in builtins.range(i + 1, n)]
     return [[i for i, _ in pairs], [j for _, j in pairs]]
+
+
+def native() -> bool:
+    """The lowering is for torchtosa's own pipeline, not for a TOSA target: index clamps that
+    keep native code inside a tensor (TOSA makes an out-of-range gather or scatter index an
+    error, as torch does, so a target's module has none)."""
+    return target.active() is None

@@ -19,11 +19,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from mlir import ir
 from mlir.dialects import linalg
 
-from . import symbolic
+from . import bounds, symbolic, target
 from .errors import LoweringError, Unsupported
 from .symbolic import Dim, is_static, same_shape, static
 
@@ -34,13 +35,16 @@ _ELEMENT = {
 
 
 def element_type(dtype: torch.dtype, i1: bool = False) -> ir.Type:
-    """The MLIR element type a torch dtype lives in (bool as i8 unless `i1`)."""
+    """The MLIR element type a torch dtype lives in: bool as i8 unless `i1`, and under a TOSA
+    target the target's storage type (`Target.storage`: bool as i1, int64 as i32 without the
+    int64 extension)."""
     if i1 and dtype == torch.bool:
         return ir.IntegerType.get_signless(1)
     if dtype not in _ELEMENT:
         raise Unsupported(f"dtype {dtype} has no TOSA element type; supported: "
                           + ", ".join(str(d).removeprefix("torch.") for d in _ELEMENT))
-    return ir.Type.parse(_ELEMENT[dtype])
+    t = target.active()
+    return ir.Type.parse((t and t.storage(dtype)) or _ELEMENT[dtype])
 
 
 def element_dtypes() -> frozenset[torch.dtype]:
@@ -126,7 +130,7 @@ def _attr(kind: str, value: Any, elem: ir.Type | None, result: ir.RankedTensorTy
 
 
 _STORAGE = {
-    "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64,
+    "i1": torch.bool, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64,
     "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8,
 }
 
@@ -137,7 +141,14 @@ def dense(value: Any, result: ir.RankedTensorType) -> ir.DenseElementsAttr:
     Non-splat data goes through one buffer copy (numpy), not one attribute per element."""
     elem = result.element_type
     storage = _STORAGE[str(elem)]
-    data = value.detach() if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=storage)
+    data = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    if (not storage.is_floating_point and storage != torch.bool and data.numel()
+            and not (data.dtype.is_floating_point or data.dtype.is_complex)):
+        info = torch.iinfo(storage)
+        if data.min() < info.min or data.max() > info.max:
+            raise Unsupported(f"a constant with values in [{data.min()}, {data.max()}] does not fit {elem}"
+                              + (f" (int64 is held as i32 under {target.active()}, which has no int64)"
+                                 if target.active() else ""))
     data = data.to(storage)
     if data.numel() == 1:
         item = data.reshape(()).item()
@@ -145,6 +156,9 @@ def dense(value: Any, result: ir.RankedTensorType) -> ir.DenseElementsAttr:
         attr = ir.FloatAttr.get(elem, float(item)) if is_float else ir.IntegerAttr.get(elem, int(item))
         return ir.DenseElementsAttr.get_splat(result, attr)
     data = data.reshape(result.shape).contiguous()
+    if storage == torch.bool:  # i1 data is bit-packed
+        bits = np.packbits(data.reshape(-1).numpy(), bitorder="little")
+        return ir.DenseElementsAttr.get(bits, type=elem, shape=list(result.shape))
     if storage == torch.bfloat16:  # numpy has no bfloat16: hand over the bits
         data = data.view(torch.int16)
     return ir.DenseElementsAttr.get(data.numpy(), type=elem, shape=list(result.shape))
@@ -167,6 +181,11 @@ class Builder:
         shape = tuple(_dim(s) for s in shape)
         if any(isinstance(s, int) and s < 0 for s in shape):
             raise self.invalid(f"{name} would have the negative shape {list(shape)}")
+        aim = target.active()
+        if aim is not None:
+            conformant = self._for_target(aim, name, operands, attrs, shape, dtype)
+            if conformant is not None:
+                return conformant
         if name.startswith("tosa."):  # other dialects' ops (tensor.empty) may make empty tensors on purpose
             self.check_nonempty(name, [shape, *(o.shape for o in operands if isinstance(o, Tensor))])
         if (name == "tosa.cast" and dtype == torch.bool and isinstance(operands[0], Tensor)
@@ -196,7 +215,75 @@ class Builder:
         op = ir.Operation.create(name, results=[result], operands=values,
                                  attributes={k: _attr(kind, v, elem, result) for k, (kind, v) in attrs.items()})
         out = Tensor(op.result, shape, dtype)
+        if aim is not None and dtype == torch.int64 and aim.narrows_int64:
+            self._check_narrowed(aim, name, out)
         return self.from_i1(out) if i1_out and dtype == torch.bool else out
+
+    def _for_target(self, aim: target.Target, name: str, operands: Sequence[Tensor | ShapeOperand | ir.Value],
+                    attrs: dict[str, tuple[str, Any]], shape: tuple[Dim, ...], dtype: torch.dtype) -> Tensor | None:
+        """What a TOSA target changes: only TOSA ops; casts between types held alike vanish; an
+        integer clamp (i8 only in TOSA 1.0) is a maximum and a minimum. None: create as usual."""
+        if name == "tensor.empty":  # a zero-element result nothing uses (the importer checks)
+            return Tensor(None, shape, dtype)
+        if not name.startswith("tosa."):
+            raise Unsupported(f"{self.where}: emits {name}, which is not TOSA (target {aim})")
+        if not is_static(shape) or any(isinstance(o, Tensor) and not is_static(o.shape) for o in operands):
+            raise Unsupported(f"{self.where}: {name} of symbolic shape: a TOSA target needs static shapes")
+        first = operands[0] if operands else None
+        if dtype == torch.bool and name in _BOOL_FORMS:
+            return self.create(_BOOL_FORMS[name], operands, {k: v for k, v in attrs.items() if k == "axis"},
+                               shape, dtype)
+        if dtype == torch.bool and name in _BOOL_AS_I8:
+            moved = [self.create("tosa.cast", [o], {}, o.shape, torch.int8)
+                     if isinstance(o, Tensor) and o.dtype == torch.bool else o for o in operands]
+            out = self.create(name, moved, attrs, shape, torch.int8)
+            return self.create("tosa.cast", [out], {}, shape, torch.bool)
+        if name == "tosa.pad" and len(shape) > 3:
+            return self._pad_low_rank(first, operands[1].dims, operands[2], shape)
+        if name == "tosa.cast" and isinstance(first, Tensor):
+            if element_type(first.dtype) == element_type(dtype):
+                return Tensor(first.value, shape, dtype)
+            if first.dtype == torch.bool and dtype.is_floating_point:  # TOSA casts bools to integers only
+                one, zero = (self.constant(v, dtype, [1] * len(shape)) for v in (1, 0))
+                return self.create("tosa.select", [first, one, zero], {}, shape, dtype)
+        if (name == "tosa.clamp" and isinstance(first, Tensor) and not first.dtype.is_floating_point
+                and str(element_type(first.dtype)) != "i8"):
+            low = self.constant(attrs["min_val"][1], dtype, [1] * len(shape))
+            high = self.constant(attrs["max_val"][1], dtype, [1] * len(shape))
+            above = self.create("tosa.maximum", [first, low], {}, shape, dtype)
+            return self.create("tosa.minimum", [above, high], {}, shape, dtype)
+        return None
+
+    def _pad_low_rank(self, t: Tensor, padding: Sequence[int], pad_const: ir.Value, shape: tuple[int, ...]) -> Tensor:
+        """tosa.pad of rank > 3 as a pad of rank <= 3: unpadded unit dims dropped and neighbouring
+        unpadded dims merged. (MLIR's level check counts the 2 * rank padding values of a pad of
+        rank 4 against MAX_RANK = 6.)"""
+        groups: list[list[int]] = []  # dims merged into each dim of the low-rank pad
+        for d in range(t.rank):
+            padded = padding[2 * d] or padding[2 * d + 1]
+            if not padded and t.shape[d] == 1:
+                continue
+            if not padded and groups and not _is_padded(padding, groups[-1][-1]):
+                groups[-1].append(d)
+            else:
+                groups.append([d])
+        if len(groups) > 3 or not groups:
+            return None
+        low = [math.prod(t.shape[d] for d in g) for g in groups]
+        amounts = [v for g in groups for v in (padding[2 * g[0]], padding[2 * g[0] + 1])]
+        padded = tuple(n + amounts[2 * i] + amounts[2 * i + 1] for i, n in enumerate(low))
+        flat = self.reshape(t, low)
+        out = self.create("tosa.pad", [flat, self.const_shape(amounts), pad_const], {}, padded, t.dtype)
+        return self.reshape(out, shape)
+
+    def _check_narrowed(self, aim: target.Target, name: str, out: Tensor) -> None:
+        """An int64 value held in i32 must provably fit it."""
+        b = bounds.of(out.value, target.memo())
+        if not bounds.fits(b):
+            known = "unbounded" if b is None else f"in [{b[0]}, {b[1]}]"
+            raise Unsupported(f"{self.where}: {name} makes int64 values ({known}) that may not fit int32, and "
+                              f"{aim} has no int64; int64 inputs are taken as int32 values. Use a target with "
+                              "int64 (TOSA-1.1+...+int64) or int32 in the model")
 
     def _dynamic(self, name: str, operands: Sequence[Tensor | ShapeOperand | ir.Value],
                  attrs: dict[str, tuple[str, Any]], shape: tuple[Dim, ...], dtype: torch.dtype) -> Tensor:
@@ -329,12 +416,14 @@ class Builder:
         return self.from_i1(Tensor(ne, t.shape, torch.bool))
 
     def to_i1(self, t: Tensor) -> ir.Value:
-        if t.dtype != torch.bool:
+        if t.dtype != torch.bool or _bool_is_i1():
             return t.value
         op = ir.Operation.create("tosa.cast", results=[tensor_type(t.shape, t.dtype, True)], operands=[t.value])
         return op.result
 
     def from_i1(self, t: Tensor) -> Tensor:
+        if _bool_is_i1():
+            return t
         op = ir.Operation.create("tosa.cast", results=[tensor_type(t.shape, t.dtype)], operands=[t.value])
         return Tensor(op.result, t.shape, t.dtype)
 
@@ -417,6 +506,24 @@ class Builder:
                 raise self.invalid(f"result {i} is {_show(t.shape, t.dtype)} but the shape/dtype rules say "
                                    f"{_show(shape, dtype)}")
         return list(values)
+
+
+# Under a target bools are i1, which TOSA's max/min ops don't take: their logical forms.
+_BOOL_FORMS = {"tosa.reduce_max": "tosa.reduce_any", "tosa.reduce_min": "tosa.reduce_all",
+               "tosa.maximum": "tosa.logical_or", "tosa.minimum": "tosa.logical_and"}
+
+
+# TOSA's data movement and pooling ops take no bools: through i8 (pro_int).
+_BOOL_AS_I8 = {"tosa.gather", "tosa.scatter", "tosa.max_pool2d"}
+
+
+def _is_padded(padding: Sequence[int], d: int) -> bool:
+    return bool(padding[2 * d] or padding[2 * d + 1])
+
+
+def _bool_is_i1() -> bool:
+    """Under a TOSA target bools live as i1 (no casts to and from i8)."""
+    return target.active() is not None
 
 
 def _sized(value: Any) -> bool:

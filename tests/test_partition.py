@@ -43,7 +43,7 @@ def test_parts_agree_with_eager(name: str, opt: str, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(partition, "PART_OPS", 8)
     model, inputs = MODELS[name]()
     model.eval()
-    program = torchtosa.to_tosa(model, *inputs)
+    program = torchtosa.to_tosa(model, *inputs, target=None)
     module = _prepare(program.module, "forward", tuple(program.inputs), tuple(program.outputs))
     pipeline.lower(module, opt, stop_before="tosa-to-linalg")
     parts = [f for f in _functions(module) if f.startswith("forward__part")]
@@ -59,7 +59,7 @@ def test_parts_pass_few_values_and_share_one_arena() -> None:
     """Cuts fall where few values are live (near the residual stream between blocks), and the
     parts of the lowered module get their memory from the caller's one arena."""
     model, inputs = MODELS["residual_mlp"]()
-    program = torchtosa.to_tosa(model.eval(), *inputs)
+    program = torchtosa.to_tosa(model.eval(), *inputs, target=None)
     module = _prepare(program.module, "forward", tuple(program.inputs), tuple(program.outputs))
     body = list(next(op for op in module.body.operations).regions[0].blocks[0].operations)[:-1]
     partition.partition(module, len(body) // 4)

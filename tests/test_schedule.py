@@ -26,7 +26,7 @@ from torchtosa.schedule import MATMUL_TILE, VECTOR_WIDTH, _divisor, plan
 
 def _linalg(fn: Any, *args: torch.Tensor, opt: str = "default", stop_before: str = "bufferize") -> ir.Module:
     """The module of `fn` lowered up to the stage `stop_before`."""
-    program = torchtosa.to_tosa(fn, *args)
+    program = torchtosa.to_tosa(fn, *args, target=None)
     module = _prepare(program.module, "forward", tuple(program.inputs), tuple(program.outputs))
     pipeline.lower(module, opt, stop_before=stop_before)
     return module
@@ -195,7 +195,7 @@ def test_linear_weight_is_transposed_panel_by_panel() -> None:
 def test_intermediate_buffers_share_one_arena() -> None:
     """opt="default" passes all intermediate buffers as one byte buffer (one argument)."""
     model, inputs = MODELS["encoder"]()
-    program = torchtosa.to_tosa(model.eval(), *inputs)
+    program = torchtosa.to_tosa(model.eval(), *inputs, target=None)
     module = _prepare(program.module, "forward", tuple(program.inputs), tuple(program.outputs))
     assert len(pipeline.lower(module, "default")) == 1
     func = next(op for op in module.body.operations if ir.StringAttr(op.attributes["sym_name"]).value == "forward")
