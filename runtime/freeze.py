@@ -49,7 +49,10 @@ def fold_constants(gm: fx.GraphModule) -> None:
         inputs = sum(_value(gm, n).numel() for n in node.all_input_nodes)
         if not isinstance(value, torch.Tensor) or value.numel() > max(inputs, MAX_FOLDED_ELEMENTS):
             continue
-        _to_constant(gm, node, value.contiguous(), f"_folded{count}", None, after=node)
+        # named by the one parameter it is computed from (a transposed weight), else by its node
+        named = {n.meta["source_name"] for n in node.all_input_nodes if "source_name" in n.meta}
+        name = named.pop() if len(named) == 1 else node.name
+        _to_constant(gm, node, value.contiguous(), f"_folded{count}", name, after=node)
         count += 1
     gm.graph.eliminate_dead_code()
     gm.graph.lint()
@@ -71,13 +74,12 @@ def _value(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor:
     return getattr(gm, node.target)
 
 
-def _to_constant(gm: fx.GraphModule, node: fx.Node, value: torch.Tensor, attr: str, name: str | None,
+def _to_constant(gm: fx.GraphModule, node: fx.Node, value: torch.Tensor, attr: str, name: str,
                  after: fx.Node) -> None:
     gm.register_buffer(attr, value.detach())
     with gm.graph.inserting_after(after):
         const = gm.graph.get_attr(attr)
     const.meta.update(node.meta)
-    if name is not None:
-        const.meta["source_name"] = name
+    const.meta["source_name"] = name
     node.replace_all_uses_with(const)
     gm.graph.erase_node(node)
