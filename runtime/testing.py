@@ -7,9 +7,11 @@ from typing import Any
 
 import torch
 
+from . import target
 from .execute import NativeFunction, TensorSpec
 from .importer import Program, build_function
 from .registry import Entry
+from .target import Target
 from .tosa import Builder, Tensor, storage_layout
 
 
@@ -28,8 +30,15 @@ def _schema(entry: Entry) -> torch.FunctionSchema:
     return getattr(getattr(getattr(torch.ops, ns), name), overload)._schema
 
 
-def lower_op(entry: Entry, args: list[Any]) -> Program:
-    """A module whose function takes the tensors among `args` and applies the entry to them."""
+def lower_op(entry: Entry, args: list[Any], aim: Target | None = None) -> Program:
+    """A module whose function takes the tensors among `args` and applies the entry to them;
+    for a TOSA target `aim`, one validated for it (else Unsupported or NotConformant)."""
+    if aim is not None:
+        with target.using(aim):
+            program = lower_op(entry, args)
+        aim.validate(program.module)
+        program.target = aim
+        return program
     tensors = _tensors(args)
     specs = [TensorSpec(tuple(t.shape), t.dtype) for t in tensors]
 

@@ -141,14 +141,14 @@ def dense(value: Any, result: ir.RankedTensorType) -> ir.DenseElementsAttr:
     Non-splat data goes through one buffer copy (numpy), not one attribute per element."""
     elem = result.element_type
     storage = _STORAGE[str(elem)]
-    data = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(value)
-    if (not storage.is_floating_point and storage != torch.bool and data.numel()
+    exact = storage if storage.is_floating_point or storage == torch.bool else torch.int64  # before the fit check
+    data = value.detach() if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=exact)
+    if (target.active() is not None and not storage.is_floating_point and storage != torch.bool and data.numel()
             and not (data.dtype.is_floating_point or data.dtype.is_complex)):
         info = torch.iinfo(storage)
         if data.min() < info.min or data.max() > info.max:
-            raise Unsupported(f"a constant with values in [{data.min()}, {data.max()}] does not fit {elem}"
-                              + (f" (int64 is held as i32 under {target.active()}, which has no int64)"
-                                 if target.active() else ""))
+            raise Unsupported(f"a constant with values in [{data.min()}, {data.max()}] does not fit {elem} "
+                              f"(int64 is held as i32 under {target.active()}, which has no int64)")
     data = data.to(storage)
     if data.numel() == 1:
         item = data.reshape(()).item()

@@ -30,14 +30,27 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
+import torch.utils._pytree as pytree  # noqa: E402
 from torch._decomp import core_aten_decompositions  # noqa: E402
 
+from torchtosa.errors import TorchTosaError  # noqa: E402
 from torchtosa.registry import Entry, eager_reasons, registry  # noqa: E402
+from torchtosa.target import Target  # noqa: E402
+from torchtosa.testing import lower_op  # noqa: E402
+
+# The conformance columns: which samples of an entry each target is asked about.
+TARGETS = {"TOSA-1.0+FP": "samples with a float tensor (f32/f16; indices and masks may be int/bool)",
+           "TOSA-1.0+INT": "samples with only integer and bool tensors"}
 
 
 def _load_models() -> Any:
-    path = ROOT / "tests" / "test_models.py"
-    spec = importlib.util.spec_from_file_location("torchtosa_test_models", path)
+    return _load_test_module("test_models")
+
+
+def _load_test_module(name: str) -> Any:
+    sys.path.insert(0, str(ROOT / "tests"))
+    path = ROOT / "tests" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"torchtosa_{name}", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
@@ -141,6 +154,47 @@ def check_models(models: Any, run: bool, only: str | None) -> list[ModelStatus]:
         print(f"  {name:28s} {mark:9s} {len(ops):3d} ops, {len(missing):3d} without entry "
               f"({time.perf_counter() - start:.0f} s) {'' if verified else detail}", flush=True)
     return statuses
+
+
+def conformance() -> dict[str, dict[str, str]]:
+    """For each op and target of TARGETS: "yes (n)", "partly (k of n): why" or "no: why", from
+    lowering every sample of its entries for the target and validating it (tosa-validate)."""
+    ops = _load_test_module("test_ops")
+    table = registry()
+    tally: dict[tuple[str, str], list[str | None]] = {}
+    for e, s in ops.CASES:
+        if s.raises or s.unsupported:
+            continue
+        torch.manual_seed(0)
+        args = ops.make_args(e, s)
+        dtypes = {t.dtype for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)}
+        floats = {d for d in dtypes if d.is_floating_point}
+        if floats - {torch.float32, torch.float16} or not dtypes:
+            continue
+        name = "TOSA-1.0+FP" if floats else "TOSA-1.0+INT"
+        outcome: str | None = "no entry"
+        for entry in table[e.op]:  # as the importer: the first entry that lowers it
+            try:
+                lower_op(entry, args, Target.parse(name))
+                outcome = None
+                break
+            except TorchTosaError as err:
+                outcome = _md(re.sub(r"\S*/", "", str(err).splitlines()[0] if str(err).strip() else repr(err)))
+                if "\n" in str(err).strip():
+                    outcome += " " + _md(str(err).strip().splitlines()[1].strip())
+        tally.setdefault((e.op, name), []).append(outcome)
+    result: dict[str, dict[str, str]] = {}
+    for (op, name), outcomes in tally.items():
+        bad = [o for o in outcomes if o is not None]
+        n = len(outcomes)
+        text = f"yes ({n})" if not bad else f"no: {bad[0]}" if len(bad) == n else \
+            f"partly ({n - len(bad)} of {n}): {bad[0]}"
+        result.setdefault(op, {})[name] = text[:220]
+    return result
+
+
+def _targets(conformant: dict[str, dict[str, str]], name: str) -> str:
+    return " | ".join(conformant.get(name, {}).get(t, "—") for t in TARGETS)
 
 
 def _md(text: str) -> str:
@@ -259,7 +313,7 @@ def corpus_section(path: Path = CORPUS) -> tuple[str, list[str]]:
     return headline, lines
 
 
-def render(models: list[ModelStatus], ran: bool) -> tuple[str, str]:
+def render(models: list[ModelStatus], ran: bool, conformant: dict[str, dict[str, str]]) -> tuple[str, str]:
     table = registry()
     decomposed = set(core_aten_decompositions())
     all_ops = aten_overloads()
@@ -323,7 +377,7 @@ def render(models: list[ModelStatus], ran: bool) -> tuple[str, str]:
             status, how = "—", f"{reason}" + (f": {explanation}" if explanation else "")
             by_reason[reason] = by_reason.get(reason, 0) + 1
         models_using = ", ".join(used_by.get(name, [])) or ""
-        rows.append(f"| `{name}` | {status} | {how} | {models_using} |")
+        rows.append(f"| `{name}` | {status} | {how} | {models_using} | {_targets(conformant, name)} |")
 
     lines += [
         "",
@@ -333,8 +387,11 @@ def render(models: list[ModelStatus], ran: bool) -> tuple[str, str]:
         f"**{len(lowered)} lowered ({pct:.1f}%)**, {len(core) - len(lowered)} not: "
         + ", ".join(f"{n} {reason}" for reason, n in sorted(by_reason.items(), key=lambda kv: -kv[1])) + ".",
         "",
-        "| overload | status | lowered by (registry, spec) / why not | in models |",
-        "|---|---|---|---|",
+        "The last columns say whether the op's samples (`opdefs/*.yaml`) lower to TOSA that MLIR's",
+        "`tosa-validate` accepts for each target (" + "; ".join(f"{t}: {w}" for t, w in TARGETS.items()) + ").",
+        "",
+        "| overload | status | lowered by (registry, spec) / why not | in models | " + " | ".join(TARGETS) + " |",
+        "|---|---|---|---|" + "---|" * len(TARGETS),
         *rows,
     ]
 
@@ -347,8 +404,8 @@ def render(models: list[ModelStatus], ran: bool) -> tuple[str, str]:
         "can hold them). The note says when capture's own decomposition table removes the overload",
         "first; \"in models\" lists the models above whose captured graph holds it.",
         "",
-        "| overload | lowered by (registry, spec) | note | in models |",
-        "|---|---|---|---|",
+        "| overload | lowered by (registry, spec) | note | in models | " + " | ".join(TARGETS) + " |",
+        "|---|---|---|---|" + "---|" * len(TARGETS),
     ]
     overloads = {str(op): op for op in all_ops}
     for name in extra:
@@ -359,7 +416,8 @@ def render(models: list[ModelStatus], ran: bool) -> tuple[str, str]:
             note = "in `core_aten_decompositions()`: capture decomposes it, so this entry is unreachable"
         else:
             note = ""
-        lines.append(f"| `{name}` | {_lowered_by(table[name])} | {note} | {', '.join(used_by.get(name, []))} |")
+        lines.append(f"| `{name}` | {_lowered_by(table[name])} | {note} | {', '.join(used_by.get(name, []))} | "
+                     f"{_targets(conformant, name)} |")
     lines += corpus_lines
     lines += opinfo_section(opinfo)
     return "\n".join(lines) + "\n", " ".join(x for x in (headline, opinfo_line, corpus_line) if x)
@@ -373,7 +431,7 @@ def main() -> int:
     args = parser.parse_args()
     models = _load_models()
     statuses = check_models(models, run=not args.no_run, only=args.only)
-    text, headline = render(statuses, ran=not args.no_run)
+    text, headline = render(statuses, ran=not args.no_run, conformant=conformance())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(f"wrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
