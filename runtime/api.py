@@ -116,18 +116,20 @@ def _most_conformant(gm: torch.fx.GraphModule) -> Program:
                          for v in pytree.tree_leaves(n.meta.get("val"))
                          if isinstance(v, torch.Tensor) and v.dtype in _EXTENSIONS})
     for version, choices in (("1.0", ["FP", "INT", "FP+INT"]), ("1.1", ["FP+INT+int64"])):
-        names = [f"TOSA-{version}+" + "+".join([c, *extensions]) for c in choices]
+        *narrower, widest = (Target.parse(f"TOSA-{version}+" + "+".join([c, *extensions])) for c in choices)
         try:
-            program = import_graph(gm, aim=Target.parse(names[-1]))
+            program = import_graph(gm, aim=widest)  # validated for `widest`
         except Unsupported:
             continue
-        for name in names:  # the same module: only the profiles differ
+        for aim in narrower:  # the same module: only the profiles differ
             try:
-                Target.parse(name).validate(program.module)
+                aim.validate(program.module)
             except NotConformant:
                 continue
-            program.target = Target.parse(name)
+            program.target = aim
             return program
+        widest.attach(program.module)  # a failed narrower validation attached its own target
+        return program
     return import_graph(gm)
 
 

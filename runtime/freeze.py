@@ -4,10 +4,10 @@ computed once.
 `freeze(captured)` turns the lifted parameter and buffer placeholders of a captured graph into
 `get_attr` nodes holding the tensors (their module paths in `node.meta["source_name"]`, which
 the importer gives their `tosa.const` as location), so that one TOSA file is the whole model.
-`fold_constants(gm)` then runs, with PyTorch itself, every deterministic aten node whose inputs
-are all constants (a transposed weight, position ids sliced from a buffer, a causal mask built
-from `arange`), replacing it by its value: index arithmetic torch does in int64 on constants
-never reaches the TOSA module.
+`fold_constants(gm)` (which `to_tosa` runs once after it) runs, with PyTorch itself, every
+deterministic aten node whose inputs are all constants (a transposed weight, position ids sliced
+from a buffer, a causal mask built from `arange`), replacing it by its value: index arithmetic
+torch does in int64 on constants never reaches the TOSA module.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ MAX_FOLDED_ELEMENTS = 1 << 22
 
 
 def freeze(captured: Captured) -> fx.GraphModule:
-    """The captured graph with its parameters and buffers as constants, folded."""
+    """The captured graph with its parameters and buffers as constants (not folded yet)."""
     gm = captured.gm
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
     lifted = placeholders[:len(captured.params)]
@@ -33,7 +33,6 @@ def freeze(captured: Captured) -> fx.GraphModule:
     for i, (node, value, name) in enumerate(zip(lifted, captured.params, names, strict=True)):
         _to_constant(gm, node, value, f"_frozen{i}", name, after=placeholders[-1])
     gm.graph.lint()
-    fold_constants(gm)
     return gm
 
 

@@ -338,13 +338,14 @@ def import_graph(gm: torch.fx.GraphModule, name: str = "forward", aim: Target | 
 
 def _check_for_target(gm: torch.fx.GraphModule, aim: Target) -> None:
     """Static shapes and dtypes that TOSA has, before any op is lowered."""
-    dtypes = {}
     for node in gm.graph.nodes:
         vals = node.meta.get("val")
         for v in vals if isinstance(vals, (list, tuple)) else [vals]:
-            if isinstance(v, torch.Tensor):
-                if not symbolic.is_static(v.shape):
-                    raise Unsupported(f"{node.name} ({where(node)}) has the symbolic shape {symbolic.show(v.shape)}: "
-                                      f"a TOSA target ({aim}) needs static shapes")
-                dtypes.setdefault(f"{node.name} ({where(node)})", v.dtype)
-    target.check_dtypes(dtypes, aim)
+            if not isinstance(v, torch.Tensor):
+                continue
+            if not symbolic.is_static(v.shape):
+                raise Unsupported(f"{node.name} ({where(node)}) has the symbolic shape {symbolic.show(v.shape)}: "
+                                  f"a TOSA target ({aim}) needs static shapes")
+            problem = aim.dtype_problem(v.dtype)
+            if problem:
+                raise Unsupported(f"{node.name} ({where(node)}) is {problem}")

@@ -20,7 +20,7 @@ import torch
 from mlir import ir
 from mlir.passmanager import PassManager
 
-from .errors import NotConformant, Unsupported
+from .errors import NotConformant
 
 PROFILES = {"FP": "pro_fp", "INT": "pro_int"}
 VERSIONS = {"1.0": "1.0", "1.1": "1.1.draft"}
@@ -73,6 +73,14 @@ class Target:
             return "i32"
         if dtype == torch.float64:
             return "f32"  # only wrapped Python floats: f64 graph values are rejected (`check_dtypes`)
+        return None
+
+    def dtype_problem(self, dtype: torch.dtype) -> str | None:
+        """Why a graph value of `dtype` has no TOSA type under this target, or None."""
+        if dtype == torch.float64:
+            return f"float64, which TOSA has no type for (target {self}); convert the model to float32 (model.float())"
+        if dtype == torch.bfloat16 and "bf16" not in self.extensions:
+            return f"bfloat16: add the extension, e.g. target '{self}+bf16'"
         return None
 
     def attach(self, module: ir.Module) -> None:
@@ -134,12 +142,3 @@ def memo() -> dict:
     """The value bounds computed so far while emitting for the active target (`bounds.of`)."""
     return _MEMO.get()
 
-
-def check_dtypes(dtypes: dict[str, torch.dtype], target: Target) -> None:
-    """Unsupported for graph values whose dtype has no TOSA type under `target`: name -> dtype."""
-    for name, dtype in dtypes.items():
-        if dtype == torch.float64:
-            raise Unsupported(f"{name} is float64, which TOSA has no type for (target {target}); "
-                              "convert the model to float32 (model.float())")
-        if dtype == torch.bfloat16 and "bf16" not in target.extensions:
-            raise Unsupported(f"{name} is bfloat16: add the extension, e.g. target '{target}+bf16'")

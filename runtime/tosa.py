@@ -254,13 +254,14 @@ class Builder:
             return self.create("tosa.minimum", [above, high], {}, shape, dtype)
         return None
 
-    def _pad_low_rank(self, t: Tensor, padding: Sequence[int], pad_const: ir.Value, shape: tuple[int, ...]) -> Tensor:
+    def _pad_low_rank(self, t: Tensor, padding: Sequence[int], pad_const: ir.Value,
+                      shape: tuple[int, ...]) -> Tensor | None:
         """tosa.pad of rank > 3 as a pad of rank <= 3: unpadded unit dims dropped and neighbouring
-        unpadded dims merged. (MLIR's level check counts the 2 * rank padding values of a pad of
-        rank 4 against MAX_RANK = 6.)"""
+        unpadded dims merged; None if that leaves more than 3 dims. (MLIR's level check counts the
+        2 * rank padding values of a pad of rank 4 against MAX_RANK = 6.)"""
         groups: list[list[int]] = []  # dims merged into each dim of the low-rank pad
         for d in range(t.rank):
-            padded = padding[2 * d] or padding[2 * d + 1]
+            padded = _is_padded(padding, d)
             if not padded and t.shape[d] == 1:
                 continue
             if not padded and groups and not _is_padded(padding, groups[-1][-1]):
