@@ -1,5 +1,6 @@
 # torchtosa — every target bootstraps what it needs: a .venv with torch 2.13.0 (CPU),
-# the MLIR Python bindings, this package (editable) and the generated op registry.
+# the MLIR Python bindings, this package (editable), the generated op registry and, for
+# TOSA files and the reference model, Arm's tosa-tools in .tosa-tools/.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -7,8 +8,12 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 GEN    := runtime/_generated/registry.py
 SPECS  := $(wildcard opdefs/*.yaml) $(wildcard generator/*.py generator/*.lark generator/templates/*.j2) runtime/rules.py
+# tosa-tools (keep in step with runtime/tosa_tools.py): tosa-opt and the TOSA reference model
+TOSA_TOOLS_VERSION := 2026.8.0
+TOOLS  := .tosa-tools
+TOOLS_STAMP := $(TOOLS)/.installed-$(TOSA_TOOLS_VERSION)
 
-.PHONY: all setup gen demo test lint bench coverage corpus fuzz clean
+.PHONY: all setup tosa-tools gen demo test lint bench coverage corpus fuzz clean
 
 all: test
 
@@ -23,20 +28,31 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# Its own directory, not the venv: the wheel's top-level Python packages (generator, checker,
+# runner...) would shadow ours. Only its programs in bin/ are run, so no dependencies. (pip warns
+# that bin/ exists: the wheel's console scripts lose to its programs there, as they should.)
+$(TOOLS_STAMP): | $(STAMP)
+	rm -rf $(TOOLS)
+	$(PY) -m pip install -q --no-deps --target $(TOOLS) tosa-tools==$(TOSA_TOOLS_VERSION)
+	test -x $(TOOLS)/bin/tosa-opt && test -x $(TOOLS)/bin/tosa_reference_model
+	touch $@
+
+tosa-tools: $(TOOLS_STAMP)
+
 $(GEN): $(STAMP) $(SPECS)
 	$(PY) -m generator
 
 gen: $(STAMP)
 	$(PY) -m generator
 
-demo: $(GEN)
+demo: $(GEN) $(TOOLS_STAMP)
 	$(PY) scripts/demo.py
 
 lint: $(GEN)
 	$(PY) -m ruff check generator runtime tests scripts
 	$(PY) -m generator --check
 
-test: lint
+test: lint $(TOOLS_STAMP)
 	$(PY) -m pytest -q -n auto -p no:cacheprovider tests
 
 bench: $(GEN)
@@ -52,4 +68,4 @@ fuzz: $(GEN)
 	TORCHTOSA_FUZZ_EXAMPLES=2000 $(PY) -m pytest -q -n auto -p no:cacheprovider tests/test_fuzz.py tests/test_properties.py
 
 clean:
-	rm -rf $(VENV) runtime/_generated build *.egg-info
+	rm -rf $(VENV) $(TOOLS) runtime/_generated build *.egg-info

@@ -5,26 +5,31 @@
     fast = torchtosa.compile(fn, *example_inputs)     # native code through the pass pipeline
     torch.compile(fn, backend="torchtosa")            # the same as a torch.compile backend
     torchtosa.explain(fn, *example_inputs)            # which ops run natively, which eagerly and why
+    prog.save("model.tosa"); torchtosa.load("model.tosa")  # TOSA files (.mlir text, .tosa flatbuffer)
+    prog.reference(*inputs)                           # the outputs of TOSA's reference model
 """
 
 from .api import CompiledFunction, compile, explain, to_tosa, torchtosa_backend
 from .errors import (
     CompileError,
     InputMismatch,
+    InvalidFile,
     InvalidInput,
     LoweringError,
     NotConformant,
+    ToolError,
     TorchTosaError,
     Unsupported,
 )
 from .importer import Program
 from .regions import Explanation, FallbackWarning
 from .target import Target
+from .tosa_files import load
 
 __all__ = [
-    "CompileError", "CompiledFunction", "Explanation", "FallbackWarning", "InputMismatch", "InvalidInput",
-    "LoweringError", "NotConformant", "Program", "Target", "TorchTosaError", "Unsupported", "compile",
-    "explain", "to_tosa", "torchtosa_backend",
+    "CompileError", "CompiledFunction", "Explanation", "FallbackWarning", "InputMismatch", "InvalidFile",
+    "InvalidInput", "LoweringError", "NotConformant", "Program", "Target", "ToolError", "TorchTosaError",
+    "Unsupported", "compile", "explain", "load", "to_tosa", "torchtosa_backend",
 ]
 
 

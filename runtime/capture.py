@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import math
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -113,8 +114,9 @@ def capture(
         finally:
             remove_from_cache(_trampoline)
     out_leaves, out_spec = pytree.tree_flatten(_wrap_constants(result))
-    gm, params = rec.rebuild(_state_order(fn), inputs, out_leaves)
-    return Captured(gm, params, inputs, in_spec, out_spec, _state_names(fn, gm, params))
+    names = _placeholder_names(fn), _input_names(fn, args, kwargs)
+    gm, params = rec.rebuild(_state_order(fn), inputs, out_leaves, *names)
+    return Captured(gm, params, inputs, in_spec, out_spec, _state_paths(fn, gm, params))
 
 
 def capture_exported(ep: torch.export.ExportedProgram) -> Captured:
@@ -287,16 +289,19 @@ class _Recorder:
         return run
 
     def rebuild(
-        self, state_order: dict[int, int], inputs: list[torch.Tensor], out_leaves: list[Any]
+        self, state_order: dict[int, int], inputs: list[torch.Tensor], out_leaves: list[Any],
+        state_names: dict[int, str], input_names: list[str],
     ) -> tuple[fx.GraphModule, list[torch.Tensor]]:
-        """The recorded graph with placeholders (params, user inputs) and the user's output leaves."""
+        """The recorded graph with placeholders (params, user inputs) and the user's output leaves;
+        placeholders are named by `state_names` (by tensor identity) and `input_names`."""
         old = self.gm
         bound = _bound_values(old, self.args)
         user_ids = {id(x) for x in inputs}
         lifted = {id(v): v for v in bound.values() if id(v) not in user_ids}
         params = sorted(lifted.values(), key=lambda v: state_order.get(id(v), len(state_order)))
         graph = fx.Graph()
-        env = _bind_new_placeholders(graph, old, bound, params, inputs)
+        names = [state_names.get(id(p), "") for p in params] + input_names
+        env = _bind_new_placeholders(graph, old, bound, params, inputs, names)
         for node in old.graph.nodes:
             if node not in env and node.op != "output":
                 env[node] = graph.node_copy(node, env.__getitem__)
@@ -338,16 +343,18 @@ def _bind_new_placeholders(
     bound: dict[fx.Node, Any],
     params: list[torch.Tensor],
     inputs: list[torch.Tensor],
+    names: list[str],
 ) -> dict[fx.Node, fx.Node]:
-    """Create one placeholder per param then per user input; map old nodes onto them."""
+    """Create one placeholder per param then per user input, called by `names` (where not
+    empty); map old nodes onto them."""
     nodes_of: dict[int, list[fx.Node]] = {}
     for node, value in bound.items():
         nodes_of.setdefault(id(value), []).append(node)
     fake_mode = detect_fake_mode([n.meta.get("val") for n in old.graph.nodes]) or FakeTensorMode()
     env: dict[fx.Node, fx.Node] = {}
-    for i, value in enumerate([*params, *inputs]):
+    for i, (value, given) in enumerate(zip([*params, *inputs], names, strict=True)):
         olds = nodes_of.pop(id(value), [])
-        name = olds[0].name if olds else f"arg{i}"
+        name = given or (olds[0].name if olds else f"arg{i}")
         new = graph.placeholder(name)
         new.meta.update(olds[0].meta if olds else {})
         if "val" not in new.meta:
@@ -370,7 +377,7 @@ def _state_order(fn: Callable[..., Any] | torch.nn.Module) -> dict[int, int]:
     return {id(t): i for i, t in enumerate([*fn.parameters(), *fn.buffers()])}
 
 
-def _state_names(fn: Any, gm: fx.GraphModule, params: list[torch.Tensor]) -> list[str]:
+def _state_paths(fn: Any, gm: fx.GraphModule, params: list[torch.Tensor]) -> list[str]:
     """The module path of each lifted tensor, or its placeholder's name."""
     named: dict[int, str] = {}
     if isinstance(fn, torch.nn.Module):
@@ -378,6 +385,51 @@ def _state_names(fn: Any, gm: fx.GraphModule, params: list[torch.Tensor]) -> lis
             named.setdefault(id(t), name)
     nodes = list(gm.graph.find_nodes(op="placeholder"))
     return [named.get(id(t), node.name) for t, node in zip(params, nodes, strict=False)]
+
+
+def _placeholder_names(fn: Callable[..., Any] | torch.nn.Module) -> dict[int, str]:
+    """The placeholder name of each parameter (`p_` and its state name, as torch.export names
+    it: `p_0_weight`) and buffer (`b_`) of a module, by tensor identity."""
+    if not isinstance(fn, torch.nn.Module):
+        return {}
+    names: dict[int, str] = {}
+    for prefix, named in (("p_", fn.named_parameters()), ("b_", fn.named_buffers())):
+        for name, t in named:
+            names.setdefault(id(t), prefix + name.replace(".", "_"))
+    return names
+
+
+def _input_names(fn: Callable[..., Any] | torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
+    """A placeholder name for each tensor leaf of `(args, kwargs)`, in flattening order: the
+    parameter of `fn` it is passed as (`x`, `input_ids`) and its place within it (`xs_0`)."""
+    try:
+        params = inspect.signature(fn.forward if isinstance(fn, torch.nn.Module) else fn).parameters.values()
+    except (TypeError, ValueError):  # no signature (a builtin)
+        params = []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    positional = [p.name for p in params if p.kind in kinds]
+    rest = next((p.name for p in params if p.kind is inspect.Parameter.VAR_POSITIONAL), "input")
+    names = []
+    for path, leaf in pytree.tree_flatten_with_path((tuple(args), kwargs))[0]:
+        if not isinstance(leaf, torch.Tensor):
+            continue
+        group, top, *inner = (_key_text(k) for k in path)
+        if group == "1":  # a keyword argument
+            base = top
+        elif int(top) < len(positional):
+            base = positional[int(top)]
+        else:
+            base = f"{rest}_{int(top) - len(positional)}"
+        names.append(re.sub(r"\W", "_", "_".join([base, *inner])))
+    return names
+
+
+def _key_text(key: Any) -> str:
+    """The index, dict key or attribute name of one step of a pytree key path."""
+    for attr in ("idx", "key", "name"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
 
 
 def _lifted_value(ep: torch.export.ExportedProgram, spec: Any) -> torch.Tensor:

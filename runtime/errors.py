@@ -29,3 +29,11 @@ class CompileError(TorchTosaError):
 
 class LoweringError(TorchTosaError):
     """A lowering emitted TOSA that breaks the catalogue's rules: a bug in a spec."""
+
+
+class ToolError(TorchTosaError):
+    """A program of tosa-tools (tosa-opt, the TOSA reference model) is missing or failed."""
+
+
+class InvalidFile(TorchTosaError, ValueError):
+    """A file torchtosa can't save to or load: not `.mlir`/`.tosa`, or not a TOSA program."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import os
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -51,9 +52,28 @@ class Program:
     # the TOSA target the module conforms to (validated), or None: the native pipeline's flavour
     # (bools as i8, int64 as i64, fallback dialects)
     target: Target | None = None
+    # the names of the function's arguments and results in TOSA files (`input_0`, `output_0`... by default)
+    input_names: list[str] = field(default_factory=list)
+    output_names: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.input_names = self.input_names or [f"input_{i}" for i in range(len(self.inputs))]
+        self.output_names = self.output_names or [f"output_{i}" for i in range(len(self.outputs))]
 
     def __str__(self) -> str:
         return str(self.module)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the program as MLIR text (`.mlir`) or a TOSA flatbuffer (`.tosa`); see tosa_files."""
+        from .tosa_files import save
+
+        save(self, path)
+
+    def reference(self, *tensors: torch.Tensor, **named: torch.Tensor) -> list[torch.Tensor]:
+        """The outputs of TOSA's reference model run on this program; see reference.py."""
+        from .reference import run_reference
+
+        return run_reference(self, *tensors, **named)
 
     def serves(self) -> str:
         """The sizes the program's symbolic dims may take: "s0 >= 2, 2 <= s1 <= 64"."""
@@ -205,6 +225,7 @@ class Importer:
         self.readable_sizes(program)
         program.served = self.served
         program.arguments = arguments
+        program.input_names = _names([nodes[i] for i in arguments])
         program.sizes = self.sizes
         program.ranges = _ranges(program.inputs + program.outputs, placeholders)
         return program
@@ -312,6 +333,12 @@ class Importer:
                                                   or t.dtype != val.dtype):
                 raise LoweringError(f"{at}: {node.target} result {i} is {t.dtype}{list(t.shape)} but PyTorch says "
                                     f"{val.dtype}{list(val.shape)} ({where(node)})")
+
+
+def _names(placeholders: list[torch.fx.Node]) -> list[str]:
+    """The placeholders' names as capture gave them (`x`, `p_fc_weight`), unique."""
+    given = [str(n.target) for n in placeholders]
+    return given if len(set(given)) == len(given) else [n.name for n in placeholders]
 
 
 def _ranges(specs: list[TensorSpec], placeholders: list[torch.fx.Node]) -> dict[Any, tuple[int, int | None]]:

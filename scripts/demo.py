@@ -1,8 +1,11 @@
-"""`make demo`: compile a small MLP block through TOSA to native code and compare with eager."""
+"""`make demo`: compile a small MLP block through TOSA to native code and compare with eager; save
+its TOSA flatbuffer and run it on TOSA's reference model too."""
 
 from __future__ import annotations
 
+import tempfile
 import timeit
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -44,10 +47,19 @@ def main() -> None:
         expected, got = model(x), native(x)
         diff = (got - expected).abs().max().item()
         t_eager, t_native = per_call(model, x), per_call(native, x)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "mlp_block.tosa"
+            program.save(path)  # a TOSA flatbuffer, run on TOSA's reference model
+            weights = {"p_" + k.replace(".", "_"): v for k, v in model.named_parameters()}
+            (reference,) = torchtosa.load(path).reference(x=x, **weights)
+            size = path.stat().st_size
     print(f"\nmax |native - eager| = {diff:.3e}")
     print(f"time per call: eager {t_eager * 1e6:.1f} us, torchtosa native {t_native * 1e6:.1f} us "
           f"(native/eager = {t_native / t_eager:.2f}x)")
+    print(f"max |TOSA reference model - eager| = {(reference - expected).abs().max().item():.3e} "
+          f"({path.name}: {size} bytes)")
     torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(reference, expected)
 
 
 if __name__ == "__main__":
