@@ -98,6 +98,36 @@ class Target:
         return options + (f" extensions={','.join(self.extensions)}" if self.extensions else "")
 
 
+ATTR = "torchtosa.target"  # the target's name on a module in text (`TOSA-1.0+FP`, level `:none` if not 8k)
+_ENV = "tosa.target_env"
+
+
+def printable(module: ir.Module, target: Target | None) -> ir.OpView:
+    """A copy of `module` whose text parses back: it names its target in `torchtosa.target` and
+    keeps `tosa.target_env` only if that has extensions (MLIR 22 prints an empty list,
+    `extensions = []`, that its parser rejects)."""
+    with module.context:
+        copy = module.operation.clone()
+        if target is not None:
+            copy.attributes[ATTR] = ir.StringAttr.get(str(target) + ("" if target.level == "8k" else ":none"))
+            if not target.extensions and _ENV in copy.attributes:
+                del copy.attributes[_ENV]
+        return copy
+
+
+def restore(module: ir.Module) -> Target | None:
+    """The target a module read from text names (`torchtosa.target`), re-attached as its
+    `tosa.target_env`; None if it names none."""
+    if ATTR not in module.operation.attributes:
+        return None
+    name, _, level = ir.StringAttr(module.operation.attributes[ATTR]).value.partition(":")
+    target = Target.parse(name, level or "8k")
+    del module.operation.attributes[ATTR]
+    if _ENV not in module.operation.attributes:
+        target.attach(module)
+    return target
+
+
 def _run(module: ir.Module, pipeline: str, target: Target | None = None) -> None:
     with module.context:
         try:

@@ -22,7 +22,7 @@ import sympy
 import torch
 from mlir import ir
 
-from . import tosa_tools
+from . import target, tosa_tools
 from .errors import InvalidFile, ToolError, Unsupported
 from .execute import TensorSpec
 
@@ -75,7 +75,7 @@ def annotated(program: Program, distinct: bool = False) -> str:
     `distinct`: every result is a value of its own, as a flatbuffer needs (it names tensors, not
     results): a result that is an argument or another result is a `tosa.identity` of it."""
     with program.context, ir.Location.unknown():
-        module = ir.Module.parse(str(program.module))
+        module = target.printable(program.module, program.target)
         fn = _function(module, program.name)
         if distinct:
             _distinct_results(fn)
@@ -198,8 +198,12 @@ def _program(text: str, path: Path) -> Program:
         inputs, input_names = _specs(fn, "arg_attrs", signature.inputs, "input", symbols, path)
         outputs, output_names = _specs(fn, "res_attrs", signature.results, "output", symbols, path)
         name = ir.StringAttr(fn.attributes["sym_name"]).value
+        try:
+            aim = target.restore(module)
+        except ValueError as err:
+            raise InvalidFile(f"can't load {path}: {err}") from None
     return Program(module, context, inputs, outputs, name=name, arguments=list(range(len(inputs))),
-                   input_names=input_names, output_names=output_names)
+                   input_names=input_names, output_names=output_names, target=aim)
 
 
 def _specs(fn: ir.OpView, key: str, types: list[ir.Type], kind: str, symbols: Iterator[sympy.Symbol],

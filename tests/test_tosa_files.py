@@ -134,14 +134,16 @@ def test_bool_inputs_and_outputs(tmp_path: Path) -> None:
         return x.masked_fill(mask, 0.0), mask & (x > 0)
 
     x, mask = torch.randn(4, 5), torch.rand(4, 5) > 0.5
-    program = torchtosa.to_tosa(f, x, mask)
-    for got, want in zip(program.reference(x, mask), f(x, mask), strict=True):
-        assert got.dtype == want.dtype and got.equal(want)
-    program.save(tmp_path / "f.mlir")
-    assert 'torchtosa.dtype = "bool"' in (tmp_path / "f.mlir").read_text()  # held as i8
-    assert [s.dtype for s in torchtosa.load(tmp_path / "f.mlir").inputs] == [torch.float32, torch.bool]
-    program.save(tmp_path / "f.tosa")  # a flatbuffer has no place for the torch dtype: its i8 is int8
-    assert [s.dtype for s in torchtosa.load(tmp_path / "f.tosa").inputs] == [torch.float32, torch.int8]
+    for target in ("auto", None):  # bools as i1 (a TOSA target), as i8 (the native flavour)
+        program = torchtosa.to_tosa(f, x, mask, target=target)
+        for got, want in zip(program.reference(x, mask), f(x, mask), strict=True):
+            assert got.dtype == want.dtype and got.equal(want)
+        program.save(tmp_path / "f.mlir")
+        assert ('torchtosa.dtype = "bool"' in (tmp_path / "f.mlir").read_text()) == (target is None)
+        assert [s.dtype for s in torchtosa.load(tmp_path / "f.mlir").inputs] == [torch.float32, torch.bool]
+        program.save(tmp_path / "f.tosa")  # a flatbuffer has no place for the torch dtype: an i8 is int8
+        loaded = torchtosa.load(tmp_path / "f.tosa").inputs[1].dtype
+        assert loaded == (torch.int8 if target is None else torch.bool)
 
 
 # int64 tensors held as i32, as a TOSA target types them
@@ -219,7 +221,7 @@ def test_programs_a_flatbuffer_cannot_hold(tmp_path: Path) -> None:
     with pytest.raises(torchtosa.Unsupported, match="float64, which TOSA has not"):
         torchtosa.to_tosa(lambda t: t * 2, x.double()).save(tmp_path / "f64.tosa")
     with pytest.raises(torchtosa.Unsupported, match=r"ops that are not TOSA \(math.sinh"):
-        torchtosa.to_tosa(torch.sinh, x).save(tmp_path / "sinh.tosa")
+        torchtosa.to_tosa(torch.sinh, x, target=None).save(tmp_path / "sinh.tosa")
 
 
 def test_reference_needs_static_shapes() -> None:
@@ -229,3 +231,20 @@ def test_reference_needs_static_shapes() -> None:
     inputs = [p.detach() for p in model.parameters()] + [x]
     with pytest.raises(torchtosa.Unsupported, match="static shapes only"):
         program.reference(*inputs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_text_keeps_the_target(tmp_path: Path, dtype: torch.dtype) -> None:
+    """A saved module names its target and loads conformant to it, also with no extensions
+    (whose `tosa.target_env` MLIR prints as `extensions = []` and cannot parse back)."""
+    model, x = MLP().eval().to(dtype), torch.randn(3, 8, dtype=dtype)
+    program = torchtosa.to_tosa(model, x, freeze=True)
+    assert str(program.target) == ("TOSA-1.0+FP" if dtype == torch.float32 else "TOSA-1.0+FP+bf16")
+    program.save(tmp_path / "m.mlir")
+    loaded = torchtosa.load(tmp_path / "m.mlir")
+    assert loaded.target == program.target
+    assert "tosa.target_env" in str(loaded.module)
+    loaded.target.validate(loaded.module)
+    if dtype == torch.float32:  # and computes what the model does
+        native = NativeFunction(loaded.module, loaded.inputs, loaded.outputs, name=loaded.name)
+        torch.testing.assert_close(native(x)[0], model(x))
