@@ -4,16 +4,19 @@
     fast = torchtosa.compile(fn, *example_inputs)     # native code through the pass pipeline
     torch.compile(fn, backend="torchtosa")            # the same as a torch.compile backend
     torchtosa.explain(fn, *example_inputs)            # which ops run natively, which eagerly and why
+    torchtosa.export_library(fn, *example_inputs, path="model.so")   # a shared library + C header
 """
 
 from .api import CompiledFunction, compile, explain, to_tosa, torchtosa_backend
 from .errors import CompileError, InputMismatch, InvalidInput, LoweringError, TorchTosaError, Unsupported
 from .importer import Program
+from .library import Library, export_library
 from .regions import Explanation, FallbackWarning
 
 __all__ = [
     "CompileError", "CompiledFunction", "Explanation", "FallbackWarning", "InputMismatch", "InvalidInput",
-    "LoweringError", "Program", "TorchTosaError", "Unsupported", "compile", "explain", "to_tosa", "torchtosa_backend",
+    "Library", "LoweringError", "Program", "TorchTosaError", "Unsupported", "compile", "explain", "export_library",
+    "to_tosa", "torchtosa_backend",
 ]
 
 

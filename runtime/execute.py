@@ -344,6 +344,14 @@ def _load_openmp_runtime() -> None:
     spin for KMP_BLOCKTIME (default 200 ms) before they sleep.
     """
     try:
+        ctypes.CDLL(openmp_runtime(), mode=ctypes.RTLD_GLOBAL)
+    except OSError as e:
+        raise CompileError(f"opt='parallel': loading the OpenMP runtime failed: {e}") from e
+
+
+def openmp_runtime() -> str:
+    """The path of the OpenMP runtime opt="parallel" code calls (libiomp5.so of `intel-openmp`)."""
+    try:
         files = importlib.metadata.files("intel-openmp") or []
     except importlib.metadata.PackageNotFoundError:
         files = []
@@ -351,10 +359,7 @@ def _load_openmp_runtime() -> None:
     if not found:
         raise CompileError("opt='parallel' needs the OpenMP runtime of the intel-openmp package (libiomp5.so): "
                            "pip install intel-openmp")
-    try:
-        ctypes.CDLL(str(found[0].locate()), mode=ctypes.RTLD_GLOBAL)
-    except OSError as e:
-        raise CompileError(f"opt='parallel': loading the OpenMP runtime failed: {e}") from e
+    return str(found[0].locate())
 
 
 def _runner_utils() -> str:
