@@ -74,8 +74,12 @@ class Port:
     def c_type(self) -> str:
         return C_TYPES[self.spec.dtype][0]
 
+    @property
+    def shape_text(self) -> str:
+        return f"[{', '.join(str(d) for d in self.spec.shape)}]"
+
     def describe(self) -> str:
-        return f"{C_TYPES[self.spec.dtype][1]} [{', '.join(str(d) for d in self.spec.shape)}]"
+        return f"{C_TYPES[self.spec.dtype][1]} {self.shape_text}{' (a scalar)' if not self.rank else ''}"
 
 
 @dataclass(frozen=True)
@@ -189,17 +193,17 @@ def header(iface: Interface, guard: str) -> str:
     """The C header: the entry points, and each array's dtype, shape, rank, dims and element
     count as comments, macros and `static const` shapes."""
     m = iface.macro
-    width = max(len(p.name) for p in iface.args)
-    rows = [f" *   {p.name:<{width}}  {kind} {i:<3} {p.describe()}"
-            for kind, ports in (("input ", [p for p in iface.inputs if p.offset is None]), ("output", iface.outputs))
-            for i, p in enumerate(ports)]
+    table = [(p.name, f"{kind} {i}", p.shape_text, C_TYPES[p.spec.dtype][1])
+             for kind, ports in (("input", [p for p in iface.inputs if p.offset is None]), ("output", iface.outputs))
+             for i, p in enumerate(ports)]
+    widths = [max(len(row[c]) for row in table) for c in range(3)]
+    rows = [f" *   {a:<{widths[0]}}  {b:<{widths[1]}}  {c:<{widths[2]}}  {d}" for a, b, c, d in table]
     embedded = [p for p in iface.inputs if p.offset is not None]
     lines = ["/* C interface of a model compiled by torchtosa.export_library.", " *"]
     lines += [f" * {note}" for note in iface.notes]
     lines += [
         " *",
         f" *   {iface.signature()};",
-        f" *   {iface.signature(scratch=True)};",
         " *",
         " * Arguments: the inputs, then the outputs, each a contiguous row-major (C order) array of the",
         " * element type and shape below. The caller allocates the outputs; no array may overlap another.",

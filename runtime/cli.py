@@ -67,14 +67,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _fail(message: str, status: int, verbose: bool) -> int:
-    lines = message.strip().splitlines() or ["failed"]
+    """Print the error (its lines joined into one, shortened unless `verbose`, which adds the
+    traceback) and return the exit status."""
     if verbose:
         traceback.print_exc()
         print(f"torchtosa: error: {message.strip()}", file=sys.stderr)
-    else:
-        more = " (--verbose for details)" if len(lines) > 1 else ""
-        print(f"torchtosa: error: {lines[0]}{more}", file=sys.stderr)
+        return status
+    line = " ".join(part.strip() for part in message.strip().splitlines() if part.strip()) or "failed"
+    if len(line) > _MAX_ERROR:
+        line = line[:_MAX_ERROR].rstrip() + "... (--verbose for all of it)"
+    print(f"torchtosa: error: {line}", file=sys.stderr)
     return status
+
+
+_MAX_ERROR = 600  # characters of an error line without --verbose
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -123,10 +129,16 @@ def _export(args: argparse.Namespace) -> int:
     options = {k: v for k, v in (("target", args.target), ("freeze", args.freeze or None)) if v is not None}
 
     from . import api, library
-    from .errors import TorchTosaError
+    from .errors import InputMismatch, TorchTosaError
     from .importer import import_graph
 
+    if not exported:
+        try:
+            api._check_call(fn, tensors, {})
+        except InputMismatch as e:
+            raise UsageError(f"{e} (give one --input per tensor argument)") from None
     constants: list[torch.Tensor] = []
+    outputs: list[str] | None = None
     if options:
         program = progress.run("capture + import to TOSA", lambda: api.to_tosa(fn, *tensors, **options))
         if args.emit == "so" and len(program.inputs) != len(tensors):
@@ -136,6 +148,7 @@ def _export(args: argparse.Namespace) -> int:
         captured = progress.run("capture", lambda: api._capture(fn, tensors, {}))
         program = progress.run("import to TOSA", lambda: import_graph(captured.gm))
         constants = captured.params
+        outputs = library.output_names(captured.out_spec, len(program.outputs))
 
     if args.emit == "mlir":
         _write(args.output, str(program))
@@ -150,7 +163,8 @@ def _export(args: argparse.Namespace) -> int:
     else:
         names = library.input_names(fn, tensors, {}, len(program.inputs) - len(constants))
         lib = library.build(program, constants, args.output, opt=args.opt, name=args.name, input_names=names,
-                            source=f"{args.target_fn} ({library.describe(fn)})", on_stage=progress.stage)
+                            output_names=outputs, source=f"{args.target_fn} ({library.describe(fn)})",
+                            on_stage=progress.stage)
         for file in (lib.path, lib.header, *lib.files):
             print(f"wrote {file}", file=sys.stderr)
     progress.total()

@@ -60,17 +60,21 @@ def export_library(fn: Callable | torch.nn.Module | torch.export.ExportedProgram
     without "lib") prefixes the C names. The code is compiled for this machine's CPU.
     """
     check_opt(opt)
-    from .api import _capture
+    from .api import _capture, _check_call
 
+    if not isinstance(fn, torch.export.ExportedProgram):
+        _check_call(fn, args, kwargs)
     captured = _capture(fn, args, kwargs)
     program = import_graph(captured.gm)
     names = input_names(fn, args, kwargs, len(program.inputs) - len(captured.params))
-    return build(program, captured.params, path, opt=opt, name=name, input_names=names, source=describe(fn))
+    outputs = output_names(captured.out_spec, len(program.outputs))
+    return build(program, captured.params, path, opt=opt, name=name, input_names=names, output_names=outputs,
+                 source=describe(fn))
 
 
 def build(program: Program, constants: Sequence[torch.Tensor], path: str | Path, opt: str = "default",
-          name: str | None = None, input_names: Sequence[str] | None = None, source: str = "",
-          on_stage: OnStage | None = None) -> Library:
+          name: str | None = None, input_names: Sequence[str] | None = None,
+          output_names: Sequence[str] | None = None, source: str = "", on_stage: OnStage | None = None) -> Library:
     """Write the library `path` and its header for `program`, whose first `len(constants)`
     inputs are `constants` (embedded in the library) and the others the caller's arrays.
     `on_stage(stage, seconds)` hears of each step: the pipeline's stages, translate, optimize,
@@ -85,7 +89,7 @@ def build(program: Program, constants: Sequence[torch.Tensor], path: str | Path,
     if cabi.identifier(prefix) != prefix:
         raise ValueError(f"name {prefix!r} is not a C identifier; pass name=")
     _check_static(program)
-    embedded, callers, outputs = _ports(program, constants, input_names)
+    embedded, callers, outputs = _ports(program, constants, input_names, output_names)
 
     module = _prepare(program.module, program.name, tuple(program.inputs), tuple(program.outputs))
     arenas = [_bytes(shape, width) for shape, width in lower(module, opt, on_stage=on_stage)]
@@ -101,7 +105,8 @@ def build(program: Program, constants: Sequence[torch.Tensor], path: str | Path,
         clock("compile (llc)")
         undefined = toolchain.undefined_symbols(work / "kernel.o")
         link, shipped, needs_note = _runtime_libraries(undefined, work, path.name)
-        notes = [f"Model: {source or 'a TOSA program'}; opt={opt!r}; compiled for this CPU ({toolchain.host_cpu()}).",
+        notes = [f"Model: {source or 'a TOSA program'}, opt={opt!r}.",
+                 f"Compiled for this machine's CPU ({toolchain.host_cpu()}) and its instruction set extensions.",
                  f"Link: cc app.c {path.name} -Wl,-rpath,'$ORIGIN'. At run time it needs no Python or MLIR, only",
                  needs_note]
         iface = cabi.Interface(prefix, program.name, [*embedded, *callers], outputs, arenas,
@@ -131,14 +136,14 @@ def build(program: Program, constants: Sequence[torch.Tensor], path: str | Path,
                    iface.scratch_bytes, tuple(needs), tuple(path.parent / f for f in shipped))
 
 
-def _ports(program: Program, constants: Sequence[torch.Tensor],
-           input_names: Sequence[str] | None) -> tuple[list[cabi.Port], list[cabi.Port], list[cabi.Port]]:
+def _ports(program: Program, constants: Sequence[torch.Tensor], input_names: Sequence[str] | None,
+           output_names: Sequence[str] | None) -> tuple[list[cabi.Port], list[cabi.Port], list[cabi.Port]]:
     """The program's tensors: its embedded parameters, the caller's inputs and the outputs."""
     if len(constants) > len(program.inputs):
         raise CompileError(f"{len(constants)} constants for a program of {len(program.inputs)} inputs")
     users = len(program.inputs) - len(constants)
     names = cabi.argument_names([*(input_names or [f"in{i}" for i in range(users)]),
-                                 *(f"out{i}" for i in range(len(program.outputs)))])
+                                 *(output_names or [f"out{i}" for i in range(len(program.outputs))])])
     offsets, _ = cabi.constants_layout(constants)
     embedded = []
     for i, (t, spec, offset) in enumerate(zip(constants, program.inputs, offsets, strict=False)):
@@ -230,6 +235,21 @@ def input_names(fn: Any, args: tuple, kwargs: dict, count: int) -> list[str]:
         else:
             leaves = [x for x in pytree.tree_leaves(value) if isinstance(x, torch.Tensor)]
             names += [f"{key}_{i}" for i in range(len(leaves))]
+    return names if len(names) == count else generic
+
+
+def output_names(out_spec: pytree.TreeSpec, count: int) -> list[str]:
+    """Names for the outputs: the keys of a returned dict (or attributes of a dataclass-like
+    output) as `logits`, `past_key` for nested ones, else `out0`, `out1`..."""
+    generic = [f"out{i}" for i in range(count)]
+    try:
+        paths = [path for path, _ in pytree.tree_flatten_with_path(pytree.tree_unflatten(generic, out_spec))[0]]
+    except (ValueError, TypeError):
+        return generic
+    names = []
+    for i, path in enumerate(paths):
+        keys = [k.key if isinstance(k, pytree.MappingKey) else getattr(k, "name", None) for k in path]
+        names.append("_".join(keys) if keys and all(isinstance(k, str) for k in keys) else f"out{i}")
     return names if len(names) == count else generic
 
 
