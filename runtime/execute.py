@@ -342,9 +342,18 @@ def _load_openmp_runtime() -> None:
     torch's own OpenMP runtime (libgomp) lacks those entry points; the two keep separate thread
     pools. The worker count follows OMP_NUM_THREADS (default: one per core), and idle workers
     spin for KMP_BLOCKTIME (default 200 ms) before they sleep.
+
+    A libiomp5 already in the process (a library `export_library` wrote, loaded with its copy of
+    the runtime) is the one used: a second copy would abort the process ("OMP: Error #15").
     """
+    path = openmp_runtime()
+    try:  # by its soname, only if loaded: its symbols become global
+        ctypes.CDLL(os.path.basename(path), mode=ctypes.RTLD_GLOBAL | os.RTLD_NOLOAD)
+        return
+    except OSError:
+        pass
     try:
-        ctypes.CDLL(openmp_runtime(), mode=ctypes.RTLD_GLOBAL)
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     except OSError as e:
         raise CompileError(f"opt='parallel': loading the OpenMP runtime failed: {e}") from e
 

@@ -150,6 +150,27 @@ def test_opt_levels(tmp_path: Path, opt: str) -> None:
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+_LIBRARY_THEN_JIT = """
+import ctypes, sys, torch, torchtosa
+x, out = torch.randn(64, 512), torch.empty(64, 512)
+assert ctypes.CDLL(sys.argv[1]).wide_run(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(out.data_ptr())) == 0
+model = torch.nn.Linear(512, 512).eval()
+with torch.no_grad():
+    torch.testing.assert_close(torchtosa.compile(model, x, opt="parallel")(x), model(x), rtol=1e-5, atol=1e-5)
+print("ok")
+"""
+
+
+def test_parallel_library_then_jit(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    """A parallel library loaded first (with its copy of the OpenMP runtime), then JIT-compiled
+    parallel code in the same process: one runtime serves both (two would abort the process)."""
+    model, x = _wide_mlp()
+    lib = torchtosa.export_library(model, x, path=tmp_path / "wide.so", opt="parallel")
+    done = subprocess.run([sys.executable, "-c", _LIBRARY_THEN_JIT, str(lib.path)], capture_output=True, text=True,
+                          timeout=300, env=subprocess_env)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
 def test_threads_and_scratch(tmp_path: Path) -> None:
     """Concurrent calls each compute their own result; a caller's scratch buffer serves every
     call; a NULL array is refused."""
