@@ -32,6 +32,12 @@ from typing import Any, NoReturn
 
 import torch
 
+from . import api, library, toolchain
+from .errors import InputMismatch, TorchTosaError
+from .execute import _prepare
+from .importer import import_graph
+from .pipeline import lower
+
 EMITS = ("tosa", "mlir", "linalg", "llvm", "so")
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64,
           "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8, "u8": torch.uint8,
@@ -60,8 +66,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return _fail("interrupted", 1, verbose)
     except Exception as e:
-        from .errors import TorchTosaError
-
         kind = "" if isinstance(e, TorchTosaError | ValueError) else f"{type(e).__name__}: "
         return _fail(kind + str(e), 1, verbose)
 
@@ -128,10 +132,6 @@ def _export(args: argparse.Namespace) -> int:
     progress = Progress()
     options = {k: v for k, v in (("target", args.target), ("freeze", args.freeze or None)) if v is not None}
 
-    from . import api, library
-    from .errors import InputMismatch, TorchTosaError
-    from .importer import import_graph
-
     if not exported:
         try:
             api._check_call(fn, tensors, {})
@@ -141,7 +141,8 @@ def _export(args: argparse.Namespace) -> int:
     outputs: list[str] | None = None
     if options:
         program = progress.run("capture + import to TOSA", lambda: api.to_tosa(fn, *tensors, **options))
-        if args.emit == "so" and len(program.inputs) != len(tensors):
+        users = len(tensors) if not exported else len(library.input_names(fn, (), {}, -1))
+        if args.emit == "so" and len(program.inputs) != users:
             raise UsageError("--emit so with --target needs --freeze: the library embeds the parameters "
                              "as constants of the TOSA program")
     else:
@@ -174,10 +175,6 @@ def _export(args: argparse.Namespace) -> int:
 def lowered(program: Any, opt: str, emit: str, on_stage: Callable[[str, float], None]) -> str:
     """The program's IR after the tosa-to-linalg stages (`emit="linalg"`: linalg on tensors,
     before scheduling and bufferization) or as LLVM IR (`emit="llvm"`)."""
-    from . import toolchain
-    from .execute import _prepare
-    from .pipeline import lower
-
     module = _prepare(program.module, program.name, tuple(program.inputs), tuple(program.outputs))
     lower(module, opt, stop_before="unit-dims" if emit == "linalg" else None, on_stage=on_stage)
     if emit == "linalg":

@@ -24,6 +24,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import cabi, toolchain
+from .api import _capture, _check_call
 from .errors import CompileError, Unsupported
 from .execute import TensorSpec, _prepare, openmp_runtime
 from .importer import Program, import_graph
@@ -57,11 +58,10 @@ def export_library(fn: Callable | torch.nn.Module | torch.export.ExportedProgram
     `Unsupported` names the op otherwise) and shapes are static: the library runs the example
     inputs' shapes and dtypes. `opt` is `torchtosa.compile`'s; with "parallel" the library needs
     the OpenMP runtime `libiomp5.so`, copied next to it. `name` (default: the file's stem
-    without "lib") prefixes the C names. The code is compiled for this machine's CPU.
+    without "lib") prefixes the C names; keyword arguments are `fn`'s, as for `to_tosa`. The
+    code is compiled for this machine's CPU.
     """
     check_opt(opt)
-    from .api import _capture, _check_call
-
     if not isinstance(fn, torch.export.ExportedProgram):
         _check_call(fn, args, kwargs)
     captured = _capture(fn, args, kwargs)
@@ -208,8 +208,9 @@ def _check_static(program: Program) -> None:
 
 
 def input_names(fn: Any, args: tuple, kwargs: dict, count: int) -> list[str]:
-    """Names for the tensor inputs: the parameter names of `fn` (`x`, or `x_0`, `x_1` for the
-    tensors in a list argument), or `in0`, `in1`... when they can't be told."""
+    """Names for the `count` tensor inputs: the parameter names of `fn` (`x`, or `x_0`, `x_1`
+    for the tensors in a list argument), or `in0`, `in1`... when they can't be told. An
+    ExportedProgram's are its user inputs' (all of them if `count` is negative)."""
     generic = [f"in{i}" for i in range(count)]
     if isinstance(fn, torch.export.ExportedProgram):
         specs = fn.graph_signature.input_specs
@@ -217,7 +218,7 @@ def input_names(fn: Any, args: tuple, kwargs: dict, count: int) -> list[str]:
                  and isinstance(getattr(s.arg, "name", None), str)]
         placeholders = {n.name: n for n in fn.graph.find_nodes(op="placeholder")}
         names = [n for n in names if isinstance(placeholders[n].meta.get("val"), torch.Tensor)]
-        return names if len(names) == count else generic
+        return names if len(names) == count or count < 0 else generic
     target = fn.forward if isinstance(fn, torch.nn.Module) else fn
     try:
         signature = inspect.signature(target)
