@@ -7,6 +7,7 @@
     torchtosa.explain(fn, *example_inputs)            # which ops run natively, which eagerly and why
     prog.save("model.tosa"); torchtosa.load("model.tosa")  # TOSA files (.mlir text, .tosa flatbuffer)
     prog.reference(*inputs)                           # the outputs of TOSA's reference model
+    torchtosa.export_library(fn, *example_inputs, path="model.so")   # a shared library + C header
 """
 
 from .api import CompiledFunction, compile, explain, to_tosa, torchtosa_backend
@@ -22,14 +23,16 @@ from .errors import (
     Unsupported,
 )
 from .importer import Program
+from .library import Library, export_library
 from .regions import Explanation, FallbackWarning
 from .target import Target
 from .tosa_files import load
 
 __all__ = [
     "CompileError", "CompiledFunction", "Explanation", "FallbackWarning", "InputMismatch", "InvalidFile",
-    "InvalidInput", "LoweringError", "NotConformant", "Program", "Target", "ToolError", "TorchTosaError",
-    "Unsupported", "compile", "explain", "load", "to_tosa", "torchtosa_backend",
+    "InvalidInput", "Library", "LoweringError", "NotConformant", "Program", "Target", "ToolError",
+    "TorchTosaError", "Unsupported", "compile", "explain", "export_library", "load", "to_tosa",
+    "torchtosa_backend",
 ]
 
 

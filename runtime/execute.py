@@ -342,7 +342,24 @@ def _load_openmp_runtime() -> None:
     torch's own OpenMP runtime (libgomp) lacks those entry points; the two keep separate thread
     pools. The worker count follows OMP_NUM_THREADS (default: one per core), and idle workers
     spin for KMP_BLOCKTIME (default 200 ms) before they sleep.
+
+    A libiomp5 already in the process (a library `export_library` wrote, loaded with its copy of
+    the runtime) is the one used: a second copy would abort the process ("OMP: Error #15").
     """
+    path = openmp_runtime()
+    try:  # by its soname, only if loaded: its symbols become global
+        ctypes.CDLL(os.path.basename(path), mode=ctypes.RTLD_GLOBAL | os.RTLD_NOLOAD)
+        return
+    except OSError:
+        pass
+    try:
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    except OSError as e:
+        raise CompileError(f"opt='parallel': loading the OpenMP runtime failed: {e}") from e
+
+
+def openmp_runtime() -> str:
+    """The path of the OpenMP runtime opt="parallel" code calls (libiomp5.so of `intel-openmp`)."""
     try:
         files = importlib.metadata.files("intel-openmp") or []
     except importlib.metadata.PackageNotFoundError:
@@ -351,10 +368,7 @@ def _load_openmp_runtime() -> None:
     if not found:
         raise CompileError("opt='parallel' needs the OpenMP runtime of the intel-openmp package (libiomp5.so): "
                            "pip install intel-openmp")
-    try:
-        ctypes.CDLL(str(found[0].locate()), mode=ctypes.RTLD_GLOBAL)
-    except OSError as e:
-        raise CompileError(f"opt='parallel': loading the OpenMP runtime failed: {e}") from e
+    return str(found[0].locate())
 
 
 def _runner_utils() -> str:

@@ -18,6 +18,8 @@ tosa-to-linalg would make of it, whose `arith.mulf`/`arith.addf` fold exactly.
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 
 from mlir import ir
 from mlir.dialects import arith, linalg, memref, tensor
@@ -106,7 +108,8 @@ def check_opt(opt: str) -> str:
 Scratch = tuple[tuple[int, ...], int]  # (shape, bytes per element) of a buffer the caller provides
 
 
-def lower(module: ir.Module, opt: str = "default", stop_before: str | None = None) -> list[Scratch]:
+def lower(module: ir.Module, opt: str = "default", stop_before: str | None = None,
+          on_stage: Callable[[str, float], None] | None = None) -> list[Scratch]:
     """Lower a TOSA module in place to the LLVM dialect (or up to the stage `stop_before`).
 
     With opt="default" or "parallel", a long function is first cut into parts (`partition`),
@@ -115,13 +118,24 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
     allocates it once and reuses it for every call, instead of the native code allocating and
     freeing (and the kernel zeroing) each buffer each time. Returns the shape and element size
     of each such argument, in argument order (none with opt="none").
+    `on_stage(stage, seconds)` is called after each stage that ran ("partition" first).
     Raises CompileError naming the failing stage, with MLIR's diagnostics.
     """
     check_opt(opt)
     scratch: list[Scratch] = []
     results: dict[str, int] = {}
+    start = time.perf_counter()
+
+    def done(stage: str) -> None:
+        nonlocal start
+        if on_stage is not None:
+            now = time.perf_counter()
+            on_stage(stage, now - start)
+            start = now
+
     if opt != "none":
         partition(module)
+        done("partition")
     for stage, pipeline in PIPELINES.items():
         if stage == stop_before:
             break
@@ -134,6 +148,7 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
                 schedule(module, parallel=opt == "parallel")
             except ir.MLIRError as e:
                 raise CompileError(f"stage {stage!r} failed: {e}") from e
+            done(stage)
             continue
         if stage == "tosa-to-linalg":
             _exact_float_arith(module)
@@ -155,6 +170,7 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
             run_passes(module, pipeline)
         except ir.MLIRError as e:
             raise CompileError(f"stage {stage!r} failed: {e}") from e
+        done(stage)
     _verify(module, "the lowered module")
     return scratch
 

@@ -1,0 +1,263 @@
+"""`export_library`: a model as a native shared library with a C header, needing neither
+Python nor MLIR at run time.
+
+The TOSA module is lowered by the pipeline `torchtosa.compile` uses (`pipeline.lower`), the
+LLVM-dialect module translated to LLVM IR and compiled for the host CPU with `opt` and `llc`
+(`toolchain`), and linked by the system C compiler with a small generated C glue (`cabi`)
+that turns the plain pointers of `<name>_run` into memref descriptors. The model's parameters
+are embedded read-only in the library.
+"""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from . import cabi, toolchain
+from .api import _capture, _check_call
+from .errors import CompileError, Unsupported
+from .execute import TensorSpec, _prepare, openmp_runtime
+from .importer import Program, import_graph
+from .pipeline import check_opt, lower
+
+OnStage = Callable[[str, float], None]
+
+
+@dataclass(frozen=True)
+class Library:
+    """An exported library: the files written and the C interface they declare."""
+
+    path: Path  # the shared library
+    header: Path  # its C header
+    name: str  # the entry points are `<name>_run` and `<name>_run_with_scratch`
+    inputs: tuple[tuple[str, TensorSpec], ...]  # the C arguments, in order: inputs...
+    outputs: tuple[tuple[str, TensorSpec], ...]  # ...then outputs
+    scratch_bytes: int
+    needs: tuple[str, ...]  # the shared libraries it loads (DT_NEEDED)
+    files: tuple[Path, ...] = ()  # files written next to it that it needs at run time (libiomp5.so)
+
+
+def export_library(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args: Any,
+                   path: str | Path = "model.so", opt: str = "default", name: str | None = None,
+                   **kwargs: Any) -> Library:
+    """Compile `fn` for these example inputs into a shared library `path` and a C header next
+    to it (`model.so` and `model.h`), declaring `int <name>_run(inputs..., outputs...)`.
+
+    `fn` is a function, an `nn.Module` (its parameters and buffers are embedded in the library)
+    or a `torch.export.ExportedProgram`. Every op must lower natively (no eager fallback:
+    `Unsupported` names the op otherwise) and shapes are static: the library runs the example
+    inputs' shapes and dtypes. `opt` is `torchtosa.compile`'s; with "parallel" the library needs
+    the OpenMP runtime `libiomp5.so`, copied next to it. `name` (default: the file's stem
+    without "lib") prefixes the C names; keyword arguments are `fn`'s, as for `to_tosa`. The
+    code is compiled for this machine's CPU.
+    """
+    check_opt(opt)
+    if not isinstance(fn, torch.export.ExportedProgram):
+        _check_call(fn, args, kwargs)
+    captured = _capture(fn, args, kwargs)
+    program = import_graph(captured.gm)
+    names = input_names(fn, args, kwargs, len(program.inputs) - len(captured.params))
+    outputs = output_names(captured.out_spec, len(program.outputs))
+    return build(program, captured.params, path, opt=opt, name=name, input_names=names, output_names=outputs,
+                 source=describe(fn))
+
+
+def build(program: Program, constants: Sequence[torch.Tensor], path: str | Path, opt: str = "default",
+          name: str | None = None, input_names: Sequence[str] | None = None,
+          output_names: Sequence[str] | None = None, source: str = "", on_stage: OnStage | None = None) -> Library:
+    """Write the library `path` and its header for `program`, whose first `len(constants)`
+    inputs are `constants` (embedded in the library) and the others the caller's arrays.
+    `on_stage(stage, seconds)` hears of each step: the pipeline's stages, translate, optimize,
+    compile, link."""
+    check_opt(opt)
+    path = Path(path)
+    if path.suffix != ".so":
+        raise ValueError(f"a shared library's path ends in .so, not {path.name!r}")
+    if not sys.platform.startswith("linux"):
+        raise Unsupported(f"export_library builds ELF shared libraries on Linux, not on {sys.platform}")
+    prefix = name if name is not None else path.stem.removeprefix("lib") or "model"
+    if cabi.identifier(prefix) != prefix:
+        raise ValueError(f"name {prefix!r} is not a C identifier; pass name=")
+    _check_static(program)
+    embedded, callers, outputs = _ports(program, constants, input_names, output_names)
+
+    module = _prepare(program.module, program.name, tuple(program.inputs), tuple(program.outputs))
+    arenas = [_bytes(shape, width) for shape, width in lower(module, opt, on_stage=on_stage)]
+    clock = _Clock(on_stage)
+    text = toolchain.llvm_ir(module)
+    clock("translate to LLVM IR")
+    with tempfile.TemporaryDirectory(prefix="torchtosa-lib-") as tmp:
+        work = Path(tmp)
+        (work / "kernel.ll").write_text(text)
+        toolchain.optimize(work / "kernel.ll", work / "kernel.bc")
+        clock("optimize (opt -O3)")
+        toolchain.compile_object(work / "kernel.bc", work / "kernel.o")
+        clock("compile (llc)")
+        undefined = toolchain.undefined_symbols(work / "kernel.o")
+        link, shipped, needs_note = _runtime_libraries(undefined, work, path.name)
+        notes = [f"Model: {source or 'a TOSA program'}, opt={opt!r}.",
+                 f"Compiled for this machine's CPU ({toolchain.host_cpu()}) and its instruction set extensions.",
+                 f"Link: cc app.c {path.name} -Wl,-rpath,'$ORIGIN'. At run time it needs no Python or MLIR, only",
+                 needs_note]
+        iface = cabi.Interface(prefix, program.name, [*embedded, *callers], outputs, arenas,
+                               memref_copy="memrefCopy" in undefined, notes=notes)
+        header_file = path.with_suffix(".h").name
+        (work / header_file).write_text(cabi.header(iface, cabi.identifier(header_file).upper()))
+        sources = ["glue.c", "kernel.o"]
+        symbol = None
+        if constants:
+            symbol = f"{prefix}_tt_constants"
+            offsets, size = cabi.constants_layout(constants)
+            (work / "constants.bin").write_bytes(cabi.constants_blob(constants, offsets, size))
+            (work / "constants.S").write_text(cabi.constants_assembly(symbol, "constants.bin"))
+            sources.append("constants.S")
+        (work / "glue.c").write_text(cabi.glue(iface, header_file, symbol))
+        (work / "exports.map").write_text(cabi.version_script(iface))
+        toolchain.run([toolchain.c_compiler(), "-shared", "-fPIC", "-O2", "-std=c11", "-Wall", "-o", path.name,
+                       *sources, "-Wl,--version-script=exports.map", f"-Wl,-soname,{path.name}",
+                       "-Wl,--no-undefined", "-Wl,-z,noexecstack", *link], cwd=work, what="link (cc)")
+        clock("link (cc)")
+        needs = toolchain.needed_libraries(work / path.name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for file in [path.name, header_file, *shipped]:
+            shutil.copyfile(work / file, path.parent / file)
+    return Library(path, path.with_suffix(".h"), prefix,
+                   tuple((p.name, p.spec) for p in callers), tuple((p.name, p.spec) for p in outputs),
+                   iface.scratch_bytes, tuple(needs), tuple(path.parent / f for f in shipped))
+
+
+def _ports(program: Program, constants: Sequence[torch.Tensor], input_names: Sequence[str] | None,
+           output_names: Sequence[str] | None) -> tuple[list[cabi.Port], list[cabi.Port], list[cabi.Port]]:
+    """The program's tensors: its embedded parameters, the caller's inputs and the outputs."""
+    if len(constants) > len(program.inputs):
+        raise CompileError(f"{len(constants)} constants for a program of {len(program.inputs)} inputs")
+    users = len(program.inputs) - len(constants)
+    names = cabi.argument_names([*(input_names or [f"in{i}" for i in range(users)]),
+                                 *(output_names or [f"out{i}" for i in range(len(program.outputs))])])
+    offsets, _ = cabi.constants_layout(constants)
+    embedded = []
+    for i, (t, spec, offset) in enumerate(zip(constants, program.inputs, offsets, strict=False)):
+        if tuple(t.shape) != spec.shape or t.dtype != spec.dtype:
+            raise CompileError(f"constant {i}: {t.dtype} {list(t.shape)} does not match the program's input "
+                               f"{spec.dtype} {list(spec.shape)}")
+        embedded.append(cabi.Port(f"param{i}", spec, offset))
+    callers = [cabi.Port(n, s) for n, s in zip(names[:users], program.inputs[len(constants):], strict=True)]
+    outputs = [cabi.Port(n, s) for n, s in zip(names[users:], program.outputs, strict=True)]
+    return embedded, callers, outputs
+
+
+def _runtime_libraries(undefined: set[str], work: Path, library: str) -> tuple[list[str], list[str], str]:
+    """What the compiled code calls besides itself: the link flags, the files to ship next to
+    the library (the OpenMP runtime, copied into `work`) and the header's sentence about them."""
+    system, link, shipped, extra = ["libc", "libm"], ["-lm"], [], ""
+    if any(s.startswith("_ZGV") for s in undefined):  # glibc's vector math (vecmath.py)
+        system.append("libmvec")
+        link.insert(0, "-lmvec")
+    if any(s.startswith(("__kmpc_", "omp_")) for s in undefined):  # opt="parallel"
+        runtime = Path(openmp_runtime())
+        shutil.copy2(runtime, work / runtime.name)
+        shipped.append(runtime.name)
+        extra = f" and the OpenMP runtime {runtime.name}, copied next to {library}: keep them together"
+        link = [f"-L{work}", "-l" + runtime.stem.removeprefix("lib"), "-Wl,-rpath,$ORIGIN", *link]
+    return link, shipped, f"the C library ({', '.join(system)}){extra}."
+
+
+class _Clock:
+    """Calls `on_stage(stage, seconds since the previous call)`."""
+
+    def __init__(self, on_stage: OnStage | None) -> None:
+        self.on_stage = on_stage
+        self.start = time.perf_counter()
+
+    def __call__(self, stage: str) -> None:
+        now = time.perf_counter()
+        if self.on_stage is not None:
+            self.on_stage(stage, now - self.start)
+        self.start = now
+
+
+def _bytes(shape: tuple[int, ...], width: int) -> int:
+    n = width
+    for d in shape:
+        n *= d
+    return max(n, 1)
+
+
+def _check_static(program: Program) -> None:
+    """Unsupported for symbolic sizes: a library runs one static signature."""
+    for kind, specs in (("input", program.inputs), ("output", program.outputs)):
+        for i, spec in enumerate(specs):
+            if not spec.static:
+                shape = ", ".join(map(str, spec.shape))
+                raise Unsupported(f"export_library: {kind} {i} has the symbolic shape [{shape}]; libraries have "
+                                  "static shapes only for now: export with example inputs of the sizes to run "
+                                  "(no torch.export Dim, no dynamic=True)")
+    if program.scalars or program.sizes:
+        raise Unsupported("export_library: the program takes or returns sizes (symbolic shapes); "
+                          "libraries have static shapes only for now")
+
+
+def input_names(fn: Any, args: tuple, kwargs: dict, count: int) -> list[str]:
+    """Names for the `count` tensor inputs: the parameter names of `fn` (`x`, or `x_0`, `x_1`
+    for the tensors in a list argument), or `in0`, `in1`... when they can't be told. An
+    ExportedProgram's are its user inputs' (all of them if `count` is negative)."""
+    generic = [f"in{i}" for i in range(count)]
+    if isinstance(fn, torch.export.ExportedProgram):
+        specs = fn.graph_signature.input_specs
+        names = [s.arg.name for s in specs if s.kind == torch.export.graph_signature.InputKind.USER_INPUT
+                 and isinstance(getattr(s.arg, "name", None), str)]
+        placeholders = {n.name: n for n in fn.graph.find_nodes(op="placeholder")}
+        names = [n for n in names if isinstance(placeholders[n].meta.get("val"), torch.Tensor)]
+        return names if len(names) == count or count < 0 else generic
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    try:
+        signature = inspect.signature(target)
+        signature.bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return generic
+    positional = [p for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    rest = next((p.name for p in signature.parameters.values() if p.kind is p.VAR_POSITIONAL), "args")
+    named = [(positional[i].name if i < len(positional) else f"{rest}{i - len(positional)}", a)
+             for i, a in enumerate(args)]
+    names = []
+    for key, value in [*named, *kwargs.items()]:  # the order in which capture flattens them
+        if isinstance(value, torch.Tensor):
+            names.append(key)
+        else:
+            leaves = [x for x in pytree.tree_leaves(value) if isinstance(x, torch.Tensor)]
+            names += [f"{key}_{i}" for i in range(len(leaves))]
+    return names if len(names) == count else generic
+
+
+def output_names(out_spec: pytree.TreeSpec, count: int) -> list[str]:
+    """Names for the outputs: the keys of a returned dict (or attributes of a dataclass-like
+    output) as `logits`, `past_key` for nested ones, else `out0`, `out1`..."""
+    generic = [f"out{i}" for i in range(count)]
+    try:
+        paths = [path for path, _ in pytree.tree_flatten_with_path(pytree.tree_unflatten(generic, out_spec))[0]]
+    except (ValueError, TypeError):
+        return generic
+    names = []
+    for i, path in enumerate(paths):
+        keys = [k.key if isinstance(k, pytree.MappingKey) else getattr(k, "name", None) for k in path]
+        names.append("_".join(keys) if keys and all(isinstance(k, str) for k in keys) else f"out{i}")
+    return names if len(names) == count else generic
+
+
+def describe(fn: Any) -> str:
+    """A short name of what was exported, for the header."""
+    if isinstance(fn, torch.export.ExportedProgram):
+        return "a torch.export.ExportedProgram"
+    if isinstance(fn, torch.nn.Module):
+        return f"{type(fn).__qualname__} (nn.Module)"
+    return f"{getattr(fn, '__qualname__', type(fn).__qualname__)} (function)"

