@@ -13,7 +13,7 @@ TOSA_TOOLS_VERSION := 2026.8.0
 TOOLS  := .tosa-tools
 TOOLS_STAMP := $(TOOLS)/.installed-$(TOSA_TOOLS_VERSION)
 
-.PHONY: all setup tosa-tools gen demo test lint bench coverage corpus fuzz clean
+.PHONY: all setup tosa-tools gen demo test lint bench coverage corpus fuzz reference clean
 
 all: test
 
@@ -63,6 +63,10 @@ coverage: $(GEN)
 
 corpus: $(GEN)
 	$(PY) scripts/corpus.py
+
+# every op sample on TOSA's reference model (make test runs one in four)
+reference: $(GEN) $(TOOLS_STAMP)
+	TORCHTOSA_REFERENCE_STRIDE=1 $(PY) -m pytest -q -n auto -p no:cacheprovider tests/test_reference.py
 
 fuzz: $(GEN)
 	TORCHTOSA_FUZZ_EXAMPLES=2000 $(PY) -m pytest -q -n auto -p no:cacheprovider tests/test_fuzz.py tests/test_properties.py
