@@ -248,10 +248,18 @@ class Builder:
                 return self.create("tosa.select", [first, one, zero], {}, shape, dtype)
         if (name == "tosa.clamp" and isinstance(first, Tensor) and not first.dtype.is_floating_point
                 and str(element_type(first.dtype)) != "i8"):
-            low = self.constant(attrs["min_val"][1], dtype, [1] * len(shape))
-            high = self.constant(attrs["max_val"][1], dtype, [1] * len(shape))
-            above = self.create("tosa.maximum", [first, low], {}, shape, dtype)
-            return self.create("tosa.minimum", [above, high], {}, shape, dtype)
+            # a bound beyond what the storage type holds (int64's max for an int64 held in i32,
+            # whose values provably fit) changes nothing: that side is left out
+            bits = ir.IntegerType(element_type(first.dtype)).width
+            lowest, highest = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+            out = first
+            if attrs["min_val"][1] > lowest:
+                low = self.constant(attrs["min_val"][1], dtype, [1] * len(shape))
+                out = self.create("tosa.maximum", [out, low], {}, shape, dtype)
+            if attrs["max_val"][1] < highest:
+                high = self.constant(attrs["max_val"][1], dtype, [1] * len(shape))
+                out = self.create("tosa.minimum", [out, high], {}, shape, dtype)
+            return out if out is not first else Tensor(first.value, shape, dtype)
         return None
 
     def _pad_low_rank(self, t: Tensor, padding: Sequence[int], pad_const: ir.Value,

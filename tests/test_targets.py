@@ -87,6 +87,15 @@ def test_int64_constant_that_does_not_fit() -> None:
         torchtosa.to_tosa(lambda ids: ids + 2**40, torch.arange(4), target="TOSA-1.0+INT")
 
 
+def test_int64_clamps_within_int32() -> None:
+    """relu's bound int64-max is left out for an int64 held in i32; a bound that fits is kept."""
+    ids = torch.randint(-5, 5, (6,))
+    for fn in (torch.relu, lambda t: t.clamp(-3, 3)):
+        program = torchtosa.to_tosa(fn, ids, target="TOSA-1.0+INT")
+        assert "i64" not in str(program.module)
+        assert program.reference(ids)[0].equal(fn(ids))
+
+
 def test_bools_are_i1() -> None:
     def fn(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return x.masked_fill(mask, 0.0)
