@@ -1,5 +1,5 @@
 """`make demo`: compile a small MLP block through TOSA to native code and compare with eager; save
-its TOSA flatbuffer and run it on TOSA's reference model too."""
+its conformant TOSA flatbuffer (weights frozen) and run it on TOSA's reference model too."""
 
 from __future__ import annotations
 
@@ -47,17 +47,19 @@ def main() -> None:
         expected, got = model(x), native(x)
         diff = (got - expected).abs().max().item()
         t_eager, t_native = per_call(model, x), per_call(native, x)
+        # for deployment: the weights frozen into a conformant module, written as a TOSA
+        # flatbuffer, loaded back and run on TOSA's reference model
+        frozen = torchtosa.to_tosa(model, x, freeze=True)
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "mlp_block.tosa"
-            program.save(path)  # a TOSA flatbuffer, run on TOSA's reference model
-            weights = {"p_" + k.replace(".", "_"): v for k, v in model.named_parameters()}
-            (reference,) = torchtosa.load(path).reference(x=x, **weights)
+            frozen.save(path)
+            (reference,) = torchtosa.load(path).reference(x=x)
             size = path.stat().st_size
     print(f"\nmax |native - eager| = {diff:.3e}")
     print(f"time per call: eager {t_eager * 1e6:.1f} us, torchtosa native {t_native * 1e6:.1f} us "
           f"(native/eager = {t_native / t_eager:.2f}x)")
     print(f"max |TOSA reference model - eager| = {(reference - expected).abs().max().item():.3e} "
-          f"({path.name}: {size} bytes)")
+          f"({path.name}: {frozen.target}, weights frozen, {size} bytes)")
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(reference, expected)
 
