@@ -745,3 +745,10 @@ def native() -> bool:
     keep native code inside a tensor (TOSA makes an out-of-range gather or scatter index an
     error, as torch does, so a target's module has none)."""
     return target.active() is None
+# ---- added by refpow (pow)
+
+
+def rounded(v: Any, dt: torch.dtype) -> float:
+    """The scalar `v` rounded to the float dtype `dt`, as a Python float: the value torch's pow
+    kernel uses for a scalar exponent of an f16 or bf16 tensor."""
+    return builtins.float(torch.tensor(builtins.float(v), dtype=torch.float64).to(dt).item())
