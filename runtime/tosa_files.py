@@ -5,13 +5,17 @@ Both name the function's inputs and outputs with the argument/result attribute `
 dtype its MLIR element type doesn't say (a bool held as i8, an int64 held as i32) also carries
 `torchtosa.dtype = "bool"` in a `.mlir` file. A flatbuffer has no place for it: `.tosa` tensors
 load with the dtype of their TOSA type (int8, int32...). tosa-opt writes and reads `.tosa` files
-(`--tosa-serialize`, `--tosa-deserialize`); its deserializer names the function `@main`.
+(`--tosa-serialize`, `--tosa-deserialize`); its deserializer names the function `@main`. Bool
+constants are written as lists of true and false (`portable_bools`): their hex form differs
+between the MLIR of these bindings and tosa-opt's.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -83,7 +87,33 @@ def annotated(program: Program, distinct: bool = False) -> str:
         for key, names, specs, types in (("arg_attrs", program.input_names, program.inputs, signature.inputs),
                                          ("res_attrs", program.output_names, program.outputs, signature.results)):
             fn.attributes[key] = _attributes(_dicts(fn, key, len(types)), names, specs, types)
-        return str(module)
+        return portable_bools(str(module))
+
+
+# a bool (i1) tensor constant in hex: MLIR 22 (these bindings) writes and reads one bit per
+# element, the newer MLIR of tosa-tools' tosa-opt one byte per element; neither reads the other's
+_I1_HEX = re.compile(r'dense<"0x([0-9A-Fa-f]*)">(\s*:\s*tensor<((?:\d+x)*)i1>)')
+
+
+def portable_bools(text: str) -> str:
+    """`text` with each hex i1 constant (of either layout) written as a list of true and false,
+    which every MLIR version reads."""
+
+    def literal(m: re.Match[str]) -> str:
+        data, shape = bytes.fromhex(m[1]), [int(d) for d in m[3].split("x") if d]
+        n = math.prod(shape)
+        if len(data) == n:  # a byte per element
+            bits = [b != 0 for b in data]
+        elif len(data) == (n + 7) // 8:  # a bit per element, the first in the low bit
+            bits = [bool(data[i >> 3] >> (i & 7) & 1) for i in range(n)]
+        else:
+            return m[0]
+        words = ["true" if b else "false" for b in bits]
+        for size in reversed(shape[1:]):
+            words = ["[" + ", ".join(words[i:i + size]) + "]" for i in range(0, len(words), size)]
+        return f"dense<[{', '.join(words)}]>{m[2]}"
+
+    return _I1_HEX.sub(literal, text)
 
 
 def serialize(program: Program, path: Path) -> None:
@@ -186,7 +216,7 @@ def _program(text: str, path: Path) -> Program:
     context = ir.Context()
     with context, ir.Location.unknown():
         try:
-            module = ir.Module.parse(text)
+            module = ir.Module.parse(portable_bools(text))
         except ir.MLIRError as err:
             raise InvalidFile(f"can't load {path}: it is not an MLIR module ({err})") from None
         try:

@@ -9,9 +9,11 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 from mlir import ir
 from test_models import MODELS, instantiate
+from test_ops import CASES, assert_matches_eager, call_torch, entry_for, make_args
 
 import torchtosa
 from torchtosa import NotConformant, Target, Unsupported
+from torchtosa.testing import _tensors, lower_op
 
 # models whose inputs are token ids or masks: TOSA 1.0's FP profile moves no integers or bools
 # (reshape, tile, gather of i32/bool need PRO-INT), so they conform to FP+INT
@@ -146,3 +148,30 @@ def test_models_conform(name: str) -> None:
         program = torchtosa.to_tosa(model, *inputs, target=aim, freeze=True)
     assert str(program.target) == aim
     assert len(program.inputs) == sum(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(inputs))
+
+
+# ops whose lowering for a target once disagreed with eager on TOSA's reference model: a gather
+# of index -1, exp2 through tosa.pow, f32 batch-norm means, a bool constant tosa-opt could not
+# read, f16/bf16 convolution biases added after rounding
+REFERENCE_OPS = ["aten.masked_scatter.default", "aten.exp2.default", "aten._native_batch_norm_legit.no_stats",
+                 "aten.logcumsumexp.default", "aten.convolution.default"]
+
+
+@pytest.mark.parametrize("op", REFERENCE_OPS)
+def test_reference_model_agrees_with_eager(op: str) -> None:
+    """Every sample of the op that TOSA-1.0+FP+INT+bf16 takes, run on the reference model."""
+    aim, checked = Target.parse("TOSA-1.0+FP+INT+bf16"), 0
+    for e, s in CASES:
+        if e.op != op or s.raises or s.unsupported:
+            continue
+        torch.manual_seed(0)
+        args = make_args(e, s)
+        if any(t.dtype == torch.float64 for t in _tensors(args)):
+            continue
+        try:
+            program = lower_op(entry_for(e), args, aim)
+        except (Unsupported, NotConformant):
+            continue
+        assert_matches_eager(e, s, program.reference(*_tensors(args)), call_torch(e, args))
+        checked += 1
+    assert checked > 0
