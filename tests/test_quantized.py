@@ -47,9 +47,11 @@ class ConvNet(nn.Module):
         return self.conv2(self.bn(self.conv1(x)).relu())
 
 
-def quantized(model: nn.Module, shape: tuple[int, ...]) -> tuple[torch.export.ExportedProgram, torch.Tensor]:
+def quantized(model: nn.Module, shape: tuple[int, ...],
+              fold: bool = True) -> tuple[torch.export.ExportedProgram, torch.Tensor]:
     """The model quantized with PT2E (int8 activations per tensor, int8 weights per channel),
-    calibrated on random data, and exported again; and an input."""
+    calibrated on random data, and exported again; and an input. `fold=False` keeps the
+    weights float, quantized per channel in the graph."""
     torch.manual_seed(0)
     model = model.eval()
     if isinstance(model, ConvNet):  # statistics for batch norm to fold
@@ -63,7 +65,7 @@ def quantized(model: nn.Module, shape: tuple[int, ...]) -> tuple[torch.export.Ex
     prepared = pt2e.prepare_pt2e(torch.export.export(model, (x,)).module(), quantizer)
     for _ in range(8):
         prepared(torch.randn(shape))
-    converted = pt2e.convert_pt2e(prepared)
+    converted = pt2e.convert_pt2e(prepared, fold_quantize=fold)
     return torch.export.export(converted, (x,)), torch.randn(shape)
 
 
@@ -100,6 +102,17 @@ def test_pt2e_graph_has_qdq_ops(name: str) -> None:
 def test_pt2e_model_native(name: str) -> None:
     cls, shape = MODELS[name]
     ep, x = quantized(cls(), shape)
+    want = ep.module()(x)
+    got = torchtosa.compile(ep, fallback="error")(x)
+    check_quanta(got, want, last_scale(ep))
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_pt2e_model_unfolded_weights_native(name: str) -> None:
+    """convert_pt2e(fold_quantize=False): quantize_per_channel of the float weights in the graph."""
+    cls, shape = MODELS[name]
+    ep, x = quantized(cls(), shape, fold=False)
+    assert any(n.target == QD.quantize_per_channel.default for n in ep.graph.nodes)
     want = ep.module()(x)
     got = torchtosa.compile(ep, fallback="error")(x)
     check_quanta(got, want, last_scale(ep))
