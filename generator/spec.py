@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.ao.quantization.fx._decomposed  # registers torch.ops.quantized_decomposed
 from lark import Tree
 
 from .rules import DTYPES, Compiler, Scope, compile_expr, compile_message, parse, py_name, strip_parens
@@ -270,7 +271,7 @@ class Sample:
     unsupported: str | None
     where: str
     dtype: str | None  # the dtype substituted for T, if any
-    range: tuple[float, float] | None
+    range: tuple[float, float] | dict[str, tuple[float, float]] | None  # per tensor argument if a dict
     tolerance: dict[str, float] | None
 
 
@@ -301,15 +302,18 @@ class OpDef:
         return self.op.replace(".", "_")
 
 
-# Operator namespaces an entry may name: aten, and prims (core ATen decompositions leave
-# a few prims ops, such as prims.collapse, in graphs).
-NAMESPACES = ("aten", "prims")
+# Operator namespaces an entry may name: aten, prims (core ATen decompositions leave
+# a few prims ops, such as prims.collapse, in graphs) and quantized_decomposed (the
+# quantize/dequantize ops of PT2E-quantized graphs; torch registers them on import of
+# torch.ao.quantization.fx._decomposed, imported below).
+NAMESPACES = ("aten", "prims", "quantized_decomposed")
 
 
 def _torch_overload(name: Located) -> Any:
     parts = str(name).split(".")
     if len(parts) != 3 or parts[0] not in NAMESPACES:
-        raise name.error("an entry's key is aten.<op>.<overload> (or prims.<op>.<overload>), e.g. aten.add.Tensor")
+        raise name.error("an entry's key is aten.<op>.<overload> (or prims.<op>.<overload>, "
+                         "quantized_decomposed.<op>.<overload>), e.g. aten.add.Tensor")
     ns = parts[0]
     # a dunder name (aten.__lshift__) is looked up only if torch registers that op, so that
     # Python's own attributes of the namespace object (__class__, __dict__) are never reached
@@ -439,10 +443,22 @@ def _parse_sample(item: Any, entry: OpDef, at: Located, dtypes: list[str]) -> li
     out = []
     for dt in (dtypes if uses_t else [None]):
         args = {k: _sample_value(v, names[k], dt, _where(v, where)) for k, v in item.items() if k in names}
-        rng = item.get("range")
         out.append(Sample(args, item.get("raises"), item.get("unsupported"), where.where, dt,
-                          tuple(rng) if rng else None, _tolerance(item.get("tolerance"), where)))
+                          _range(item.get("range"), names, where), _tolerance(item.get("tolerance"), where)))
     return out
+
+
+def _range(value: Any, names: dict[str, Arg], at: Located) -> Any:
+    """`range`: [lo, hi] for every tensor's random values, or {argument: [lo, hi]} per tensor
+    argument (a quantization scale in [0.01, 0.1], its input in [-4, 4])."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        for name in value:
+            if str(name) not in names or names[str(name)].kind != "tensor":
+                raise _where(name, at).error(f"range names Tensor arguments, not {str(name)!r}")
+        return {str(k): tuple(_expect(v, list, f"range of {k}", _where(k, at))) for k, v in value.items()}
+    return tuple(_expect(value, list, "range", at))
 
 
 def _sorted_args(value: Any, args: list[Arg], at: Located) -> list[str]:

@@ -228,6 +228,8 @@ MISTAKES = [
      "unknown dtype 'q32'"),
     ("sample-code-as-tensor", '{self: "f32[3]", other: 2.5}',
      "{self: \"‸f32[3]; __import__('os')\", other: 2.5}", "dtype[dims]"),
+    ("sample-range-not-a-tensor", '{self: "f32[3]", other: 2.5}',
+     '{self: "f32[3]", other: 2.5, range: {‸alpha: [0, 1]}}', "range names Tensor arguments, not 'alpha'"),
     ("sample-dtypes-unknown", "sample_dtypes: [f32, i32]", "sample_dtypes: [f32, ‸int]", "unknown dtype 'int'"),
     ("sorted-not-a-tensor", "  sample_dtypes: [f32, i32]\n", "  sorted: [‸alpha]\n  sample_dtypes: [f32, i32]\n",
      "sorted names Tensor arguments (self, other), not 'alpha'"),

@@ -54,16 +54,17 @@ def random_tensor(dtype: torch.dtype, shape: tuple[int, ...], rng: tuple[float, 
 
 
 def make_args(e: OpDef, s: Sample) -> list[Any]:
-    def make(v: Any) -> Any:
+    def make(v: Any, name: str) -> Any:
         if isinstance(v, tuple) and v and v[0] == "tensor":
-            return random_tensor(DTYPES[v[1]], v[2], s.range)
+            rng = s.range.get(name) if isinstance(s.range, dict) else s.range
+            return random_tensor(DTYPES[v[1]], v[2], rng)
         if isinstance(v, tuple) and v and v[0] == "dtype":
             return DTYPES[v[1]]
         if isinstance(v, list):
-            return [make(x) for x in v]
+            return [make(x, name) for x in v]
         return v
 
-    args = [make(s.args[a.name]) if a.name in s.args else a.default for a in e.args]
+    args = [make(s.args[a.name], a.name) if a.name in s.args else a.default for a in e.args]
     return sort_args(e, args)
 
 
