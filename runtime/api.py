@@ -16,6 +16,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import has_free_symbols
 
+from . import progress
 from .capture import Captured, capture, capture_exported, make_backend, mha_fastpath_disabled, translated_dynamo_errors
 from .errors import InputMismatch, NotConformant, TorchTosaError, Unsupported
 from .execute import NativeFunction
@@ -64,6 +65,12 @@ class _Cache:
         self.compiles = 0  # native functions built (a cache miss each)
 
     def get(self, gm: torch.fx.GraphModule, opt: str) -> tuple[Program, GraphFunction]:
+        ops = sum(n.op == "call_function" for n in gm.graph.nodes)
+        with progress.reporting(f"a graph of {ops} ops"):
+            return self._get(gm, opt)
+
+    def _get(self, gm: torch.fx.GraphModule, opt: str) -> tuple[Program, GraphFunction]:
+        progress.stage("import to TOSA")
         program = import_graph(gm)
         key = (str(program.module), tuple(program.inputs), tuple(program.outputs), tuple(program.arguments),
                tuple(program.ranges.items()), tuple(program.scalars.items()), tuple(program.sizes), opt)

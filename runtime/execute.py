@@ -23,6 +23,7 @@ import torch
 from mlir import ir
 from mlir.execution_engine import ExecutionEngine
 
+from . import progress
 from .errors import CompileError, InputMismatch, Unsupported
 from .pipeline import Scratch, lower
 from .symbolic import Bound, Size, evaluator, free_symbols, symbol_sources
@@ -104,6 +105,7 @@ class NativeFunction:
         scratch = lower(self._module, opt)
         if opt == "parallel":
             _load_openmp_runtime()
+        progress.stage("LLVM code generation")
         self._engine = _jit(self._module)
         address = self._engine.raw_lookup("_mlir_ciface_" + name)
         if not address:

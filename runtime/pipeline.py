@@ -24,6 +24,7 @@ from collections.abc import Callable
 from mlir import ir
 from mlir.dialects import arith, linalg, memref, tensor
 
+from . import progress
 from .errors import CompileError
 from .irutil import find_ops, is_sub_byte, run_passes, top_level
 from .partition import partition
@@ -134,6 +135,7 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
             start = now
 
     if opt != "none":
+        progress.stage("partition")
         partition(module)
         done("partition")
     for stage, pipeline in PIPELINES.items():
@@ -143,6 +145,7 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
             continue
         if stage in _DYNAMIC_STAGES and (opt == "none" or not _dynamic_shapes(module)):
             continue
+        progress.stage(stage)
         if stage == "schedule":
             try:
                 schedule(module, parallel=opt == "parallel")
