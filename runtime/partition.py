@@ -8,12 +8,20 @@ cut where the fewest values cross it (between a transformer's layers, only the r
 stream), and makes each part a private function `@<name>__part<i>` that the function calls.
 Constants are cloned into every part that uses them, so they stay visible to folding and
 shape verification. Values crossing a cut become arguments and results.
+
+A model of identical layers (a transformer's blocks, with their weights as arguments) repeats
+one run of ops. `_repeat` finds the period and the stretch it covers; the function is cut at
+the same place in every repetition, and parts whose bodies come out identical become one
+function called once per layer, so the passes and LLVM's code generation see each distinct
+layer once: compile time stops growing with depth. Ops before and after the repeats are cut
+by size as before.
 """
 
 from __future__ import annotations
 
 import itertools
 
+import numpy as np
 from mlir import ir
 from mlir.dialects import func
 
@@ -38,20 +46,108 @@ def _split(function: ir.Operation, body: list[ir.Operation], size: int) -> None:
     name = ir.StringAttr(function.attributes["sym_name"]).value
     body = [op.operation for op in body]
     position = {op: i for i, op in enumerate(body)}
-    cuts = _cuts(body, position, function, size)
-    if not cuts:
+    crossing, booleans = _crossings(body, position, function)
+    layers = _layer_cuts(body, crossing, booleans, size)  # [] or the bounds of each repetition
+    repeated = set(itertools.pairwise(layers))
+    spans = [(0, layers[0]), *itertools.pairwise(layers), (layers[-1], len(body))] if layers else [(0, len(body))]
+    parts: list[tuple[int, int]] = []
+    for start, end in spans:
+        if (start, end) in repeated:
+            parts.append((start, end))
+        elif end > start:
+            parts.extend(itertools.pairwise([start, *_cuts(crossing, booleans, start, end, size), end]))
+    if len(parts) < 2:
         return
-    for part, (start, end) in enumerate(zip([0, *cuts], [*cuts, len(body)], strict=True)):
-        _outline(function, body[start:end], f"{name}__part{part}")
+    outlined = [(_outline(function, body[a:b], f"{name}__part{i}"), (a, b) in repeated)
+                for i, (a, b) in enumerate(parts)]
+    _merge_identical([callee for callee, layer in outlined if layer and callee is not None])
 
 
-def _cuts(body: list[ir.Operation], position: dict[ir.Operation, int], function: ir.Operation,
-          size: int) -> list[int]:
-    """Positions to cut `body` before: each part has `size` to 1.5 x `size` ops, cut where the
-    fewest values are live across. Never where a boolean crosses: as an argument or result it
-    would be an i1 buffer, which the LLVM lowering cannot store. Nor where a value of dynamic
-    shape crosses: bufferization can't make a caller-allocated result of it."""
-    # crossing[c]: values defined before c and used at or after c; booleans[c]: of them, booleans
+def _layer_cuts(body: list[ir.Operation], crossing: list[int], booleans: list[int], size: int) -> list[int]:
+    """Cut positions that bound each repetition of the longest repeated run of ops (a layer
+    of `size` / 4 ops or more, repeated at least twice), at the same place in each, where the
+    fewest values cross; [] if there is none."""
+    core = [i for i, op in enumerate(body) if op.name not in _CONSTANTS]  # constants are CSE'd: not periodic
+    found = _repeat([body[i] for i in core], size // 4)
+    if found is None:
+        return []
+    start, period, span = found  # core ops start + i and start + i + period match for i < span
+    at = [*core, len(body)]  # the body position of each core op, and the end
+    best: tuple[tuple[int, int], list[int]] | None = None
+    for phase in range(period):
+        count = (span + period - phase) // period  # repetitions that fit after the phase
+        cuts = [at[start + phase + j * period] for j in range(count + 1) if start + phase + j * period < len(at)]
+        if len(cuts) < 3 or any(booleans[c] for c in cuts):
+            continue
+        score = (-len(cuts), max(crossing[c] for c in cuts))
+        if best is None or score < best[0]:
+            best = (score, cuts)
+    return best[1] if best is not None else []
+
+
+def _repeat(body: list[ir.Operation], shortest: int) -> tuple[int, int, int] | None:
+    """(start, period, span) of the repetition covering the most ops: the op at start + i has
+    the same name, attributes and result types as the one at start + i + period for every
+    i < span; None if no period of at least `shortest` ops repeats at least twice."""
+    keys: dict[str, int] = {}
+    ids = np.array([keys.setdefault(_signature(op), len(keys)) for op in body])
+    best: tuple[int, int, int] | None = None
+    for period in range(max(shortest, 1), len(body) // 2 + 1):
+        same = np.concatenate([[False], ids[:-period] == ids[period:], [False]])
+        edges = np.flatnonzero(np.diff(same.astype(np.int8)))
+        if not len(edges):
+            continue
+        runs = edges[1::2] - edges[::2]
+        i = int(np.argmax(runs))
+        span = int(runs[i])
+        covered = (span + period) // period * period
+        if span >= period and (best is None or covered > (best[2] + best[1]) // best[1] * best[1]):
+            best = (int(edges[2 * i]), period, span)
+    return best
+
+
+def _signature(op: ir.Operation) -> str:
+    """What an op is apart from its operands: name, attributes (not a constant's data, which
+    can be large), result types."""
+    named = [op.attributes[i] for i in range(len(op.attributes))] if op.name not in _CONSTANTS else []
+    attributes = ",".join(f"{a.name}={a.attr}" for a in named)
+    return f"{op.name}|{attributes}|{','.join(str(r.type) for r in op.results)}"
+
+
+def _merge_identical(callees: list[func.FuncOp]) -> None:
+    """Make every call of a callee whose body equals an earlier one's call that one instead."""
+    first: dict[str, str] = {}
+    for callee in callees:
+        name = ir.StringAttr(callee.attributes["sym_name"]).value
+        text = str(callee.operation).replace(f"@{name}(", "@_(", 1)
+        kept = first.setdefault(text, name)
+        if kept == name:
+            # one body for every layer: LLVM's inliner would copy it back into each call
+            callee.attributes["passthrough"] = ir.ArrayAttr.get([ir.StringAttr.get("noinline")])
+            continue
+        for use in _calls(callee, name):
+            use.attributes["callee"] = ir.FlatSymbolRefAttr.get(kept)
+        callee.operation.erase()
+
+
+def _calls(callee: func.FuncOp, name: str) -> list[ir.Operation]:
+    """The func.call ops of `name` in the module around `callee`."""
+    module = callee.operation.parent
+    found = []
+    for f in module.regions[0].blocks[0].operations:
+        for op in (f.regions[0].blocks[0].operations if f.operation.name == "func.func" and f.regions[0].blocks
+                   else []):
+            if op.operation.name == "func.call" and ir.FlatSymbolRefAttr(op.attributes["callee"]).value == name:
+                found.append(op.operation)
+    return found
+
+
+def _crossings(body: list[ir.Operation], position: dict[ir.Operation, int],
+               function: ir.Operation) -> tuple[list[int], list[int]]:
+    """For each position c of `body`: the values defined before c and used at or after it, and
+    how many of them a cut must not cross (booleans: as an argument or result each would be an
+    i1 buffer, which the LLVM lowering cannot store; values of dynamic shape: bufferization
+    can't make a caller-allocated result of them)."""
     crossing, booleans = [0] * (len(body) + 2), [0] * (len(body) + 2)  # as differences first
     for i, op in enumerate(body):
         if op.name in _CONSTANTS:
@@ -65,10 +161,15 @@ def _cuts(body: list[ir.Operation], position: dict[ir.Operation, int], function:
             for count in counts:
                 count[i + 1] += 1
                 count[last + 1] -= 1
-    crossing, booleans = list(itertools.accumulate(crossing)), list(itertools.accumulate(booleans))
-    cuts, start = [], 0
-    while len(body) - start > size * 3 // 2:
-        allowed = [c for c in range(start + size, len(body) - size // 2) if not booleans[c]]
+    return list(itertools.accumulate(crossing)), list(itertools.accumulate(booleans))
+
+
+def _cuts(crossing: list[int], booleans: list[int], begin: int, end: int, size: int) -> list[int]:
+    """Positions in (begin, end) to cut before: each part has `size` to 1.5 x `size` ops, cut
+    where the fewest values cross, never where a boolean or dynamic value does."""
+    cuts, start = [], begin
+    while end - start > size * 3 // 2:
+        allowed = [c for c in range(start + size, end - size // 2) if not booleans[c]]
         if not allowed:
             break
         window = [c for c in allowed if c <= start + size * 3 // 2] or allowed[:1]
@@ -77,9 +178,9 @@ def _cuts(body: list[ir.Operation], position: dict[ir.Operation, int], function:
     return cuts
 
 
-def _outline(function: ir.Operation, ops: list[ir.Operation], name: str) -> None:
+def _outline(function: ir.Operation, ops: list[ir.Operation], name: str) -> func.FuncOp | None:
     """Move the consecutive top-level `ops` of `function` into a new private function @name,
-    called in their place. Constants stay (cloned into @name where used)."""
+    called in their place, and return it. Constants stay (cloned into @name where used)."""
     ops = [op for op in ops if op.name not in _CONSTANTS]
     inside = set(ops)
     inputs: list[ir.Value] = []
@@ -95,7 +196,7 @@ def _outline(function: ir.Operation, ops: list[ir.Operation], name: str) -> None
     outputs = [r for op in ops for r in op.results
                if any(top_level(use.owner, function) not in inside for use in r.uses)]
     if not outputs:
-        return  # nothing of it is used (folding removes it later)
+        return None  # nothing of it is used (folding removes it later)
     callee = func.FuncOp(name, ([v.type for v in inputs], [v.type for v in outputs]), visibility="private",
                          ip=ir.InsertionPoint(function))
     entry = callee.add_entry_block()
@@ -120,6 +221,7 @@ def _outline(function: ir.Operation, ops: list[ir.Operation], name: str) -> None
     for const in constants:
         if not list(const.results[0].uses):
             const.erase()
+    return callee
 
 
 def _free_operands(op: ir.Operation) -> list[ir.Value]:

@@ -65,6 +65,8 @@ def test_parts_pass_few_values_and_share_one_arena() -> None:
     partition.partition(module, len(body) // 4)
     assert _functions(module)[-1] == "forward"
     calls = [op for op in module.body.operations[-1].regions[0].blocks[0].operations if op.name == "func.call"]
-    assert len(calls) == 4
+    callees = [ir.FlatSymbolRefAttr(call.attributes["callee"]).value for call in calls]
+    # the blocks after the first are identical: one function, called once per block
+    assert max(callees.count(c) for c in callees) == 3 and len(set(callees)) == 3
     assert sum(len(call.results) for call in calls) <= 12
     assert len(pipeline.lower(module, "default")) == 1  # one arena, for the caller
