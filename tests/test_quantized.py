@@ -191,13 +191,15 @@ def int8_edges(ep: torch.export.ExportedProgram, x: torch.Tensor) -> tuple[torch
     return torch.export.export(gm, (qx,)), qx
 
 
+@pytest.mark.parametrize("fold", [True, False])
 @pytest.mark.parametrize("name", list(INT_MODELS))
-def test_integer_path_native_and_reference(name: str) -> None:
+def test_integer_path_native_and_reference(name: str, fold: bool) -> None:
     """Both DQ-op-Q groups lower to int8 TOSA (only the float input's quantize and the
     output's dequantize stay float: TOSA-1.0+FP+INT); native code is within one quantum of
-    PyTorch's float run, and the reference model gives native code's bits."""
+    PyTorch's float run, and the reference model gives native code's bits. With
+    fold_quantize=False the weight's quantize_per_channel is folded to int8 after matching."""
     cls, shape, op = INT_MODELS[name]
-    ep, x = quantized(cls(), shape)
+    ep, x = quantized(cls(), shape, fold=fold)
     program = torchtosa.to_tosa(ep, target="TOSA-1.0+FP+INT", freeze=True)
     assert [g.path for g in program.groups] == ["integer", "integer"]
     assert {k: n for k, n in program.served.items()} == {
