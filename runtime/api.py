@@ -105,8 +105,10 @@ def to_tosa(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
     captured = _capture(fn, args, kwargs)
     gm = freeze_graph(captured) if freeze else captured.gm
     # node groups with a lowering of their own (quantized DQ -> op -> Q groups as integer
-    # TOSA): their patterns need the frozen constants, before folding computes them away
-    groups = rewrite_groups(gm) if freeze else []
+    # TOSA): their patterns need the frozen constants, before folding computes them away; a
+    # target without the INT profile keeps the float path
+    integer = target in (None, "auto") or "INT" in Target.parse(target).profiles
+    groups = rewrite_groups(gm) if freeze and integer else []
     if freeze or target is not None:
         fold_constants(gm)
     if target != "auto":

@@ -257,6 +257,17 @@ def test_integer_path_declined_keeps_float_path() -> None:
     assert not any(str(n.target).startswith("torchtosa.") for n in gm.graph.nodes)
 
 
+def test_fp_only_target_keeps_float_path() -> None:
+    """TOSA-1.0+FP has no integer matmul or conv: a frozen quantized model keeps the float
+    path there and conforms to it."""
+    ep, x = quantized(MLP(), (8, 16))
+    program = torchtosa.to_tosa(ep, target="TOSA-1.0+FP", freeze=True)
+    assert str(program.target) == "TOSA-1.0+FP" and program.groups == []
+    assert ("torchtosa.qlinear.default", "tosa") not in program.served
+    (got,) = program.reference(x)
+    check_quanta(got, ep.module()(x), last_scale(ep))
+
+
 def apply_scale_32(value: int, multiplier: int, shift: int) -> int:
     """The TOSA specification's apply_scale_32 with SINGLE_ROUND, in Python integers."""
     return (value * multiplier + (1 << (shift - 1))) >> shift
