@@ -171,6 +171,7 @@ def test_quantize_dequantize_bit_for_bit(scale: float, zero_point: int) -> None:
 # and 32 of 11520 conv-net outputs, 0.3%).
 INT_OFF_BY_ONE = 0.02
 INT_MODELS = {"mlp": (MLP, (64, 16), "torchtosa.qlinear.default"),
+              "mlp_3d": (MLP, (4, 16, 16), "torchtosa.qlinear.default"),  # views around addmm
               "convnet": (ConvNet, (4, 3, 8, 8), "torchtosa.qconv2d.default")}
 
 
