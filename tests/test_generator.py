@@ -551,7 +551,7 @@ def test_match_patterns_load_and_render(opdefs: Path) -> None:
     _, entries = load_specs(opdefs)
     patterns = [(p.op, p.root, sorted(p.nodes), p.fixed) for e in entries for p in e.patterns]
     assert patterns[0] == ("torchtosa.qlinear.default", "q", ["mm", "q", "r", "w", "wt", "x"], {"relu": True})
-    assert len(patterns) == 4 and patterns[1][3] == {"relu": False}
+    assert len(patterns) == 6 and patterns[1][3] == {"relu": False}
     q = entries[0].patterns[0].nodes["q"]
     assert q == ("quantized_decomposed.quantize_per_tensor.default",
                  [("node", "r"), ("bind", "output_scale"), ("bind", "output_zero_point"), ("bind", "quant_min"),

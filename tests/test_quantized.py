@@ -49,6 +49,17 @@ class MLP(nn.Module):
         return self.fc2(self.fc1(x).relu())
 
 
+class BiaslessMLP(nn.Module):
+    """Linear layers without bias: capture makes them mm, not addmm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32, bias=False), nn.Linear(32, 8, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.fc1(x).relu())
+
+
 class ConvNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -172,6 +183,7 @@ def test_quantize_dequantize_bit_for_bit(scale: float, zero_point: int) -> None:
 INT_OFF_BY_ONE = 0.02
 INT_MODELS = {"mlp": (MLP, (64, 16), "torchtosa.qlinear.default"),
               "mlp_3d": (MLP, (4, 16, 16), "torchtosa.qlinear.default"),  # views around addmm
+              "mlp_no_bias": (BiaslessMLP, (64, 16), "torchtosa.qlinear.default"),  # mm
               "convnet": (ConvNet, (4, 3, 8, 8), "torchtosa.qconv2d.default")}
 
 
