@@ -756,8 +756,8 @@ def rounded(v: Any, dt: torch.dtype) -> float:
 
 
 def rescale_scale32(scale: float) -> list[int] | None:
-    """[multiplier, shift] of a TOSA RESCALE (scale32) for the real `scale` > 0, as the TOSA
-    reference model derives them: scale = f * 2^e (frexp, f in [0.5, 1)), multiplier =
+    """[multiplier, shift] of a TOSA RESCALE (scale32) for the real `scale` > 0, derived as
+    MLIR's TOSA quantization utilities do: scale = f * 2^e (frexp, f in [0.5, 1)), multiplier =
     round(f * 2^31) (half away from zero; 2^31 becomes 2^30 with e + 1), shift = 31 - e.
     None if the shift leaves [2, 62], the range RESCALE requires (or scale is not positive)."""
     if not (scale > 0 and math.isfinite(scale)):
