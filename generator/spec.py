@@ -18,6 +18,8 @@ import torch
 import torch.ao.quantization.fx._decomposed  # registers torch.ops.quantized_decomposed
 from lark import Tree
 
+from torchtosa import qops  # noqa: F401  registers torch.ops.torchtosa (quantized group ops)
+
 from .rules import DTYPES, Compiler, Scope, compile_expr, compile_message, parse, py_name, strip_parens
 from .source import Located, load_yaml
 
@@ -216,6 +218,7 @@ OPDEF_KEYS = {
     "tolerance": "{rtol, atol} for the numeric tests",
     "sorted": "tensor arguments torch requires sorted along their last dim: tests sort their data",
     "static": "why the lowering needs static sizes: a reason (every argument), or {argument: reason}",
+    "match": "torchtosa ops only: the node groups this op replaces (list of {root, nodes, set})",
 }
 SAMPLE_KEYS = ("raises", "unsupported", "range", "tolerance")
 TENSOR_RE = re.compile(r"(?P<dtype>\w+)\[(?P<dims>[\d,\s]*)\]")
@@ -296,17 +299,89 @@ class OpDef:
     sorted: list[str] = field(default_factory=list)  # tensor arguments whose test data is sorted
     # arguments whose sizes must be static, each with the reason; ("*", reason) for every argument
     static: list[tuple[str, str]] = field(default_factory=list)
+    patterns: list[Pattern] = field(default_factory=list)
 
     @property
     def fn(self) -> str:
         return self.op.replace(".", "_")
 
 
+@dataclass
+class Pattern:
+    """A group of graph nodes that one call of a torchtosa op replaces (runtime/patterns.py).
+
+    `nodes` maps a node name to (overload, args): each argument is ("node", name) for a
+    producer in the group, ("bind", arg) for an argument of the op, ("any",) or ("lit", value)
+    (a dtype literal is ("dtype", name)). `root` is the node whose value the op computes."""
+
+    op: str
+    where: str
+    root: str
+    nodes: dict[str, tuple[str, list[tuple]]]
+    fixed: dict[str, Any]
+
+
+def _load_patterns(value: Any, name: Located, args: list[Arg]) -> list[Pattern]:
+    if not str(name).startswith("torchtosa."):
+        raise name.error("only torchtosa ops (runtime/qops.py) replace node groups with 'match'")
+    arg_names = [a.name for a in args]
+    out = []
+    for item in _expect(value, list, "match", name):
+        _expect(item, dict, "a match", name)
+        _check_keys(item, {"root": "the node the op's result replaces", "nodes": "name: [overload, args...]",
+                           "set": "op arguments fixed for this pattern"}, name)
+        at = _where(item.get("root"), name)
+        raw = _expect(item.get("nodes"), dict, "match nodes", at)
+        nodes: dict[str, tuple[str, list[tuple]]] = {}
+        bound: set[str] = set()
+        for node, spec in raw.items():
+            node = _identifier(node, "a node name", at)
+            if node in DTYPES:
+                raise _where(node, at).error(f"node name {node!r} is a dtype name; pick another")
+            spec = _expect(spec, list, f"node {node}", _where(node, at))
+            target = _expect(spec[0] if spec else None, str, "an overload name", _where(node, at))
+            overload = _torch_overload(target)
+            if len(spec) - 1 > len(overload._schema.arguments):
+                raise target.error(f"{target} takes {len(overload._schema.arguments)} arguments")
+            parsed: list[tuple] = []
+            for a in spec[1:]:
+                text = str(a) if isinstance(a, str) else None
+                if text is not None and text in raw:
+                    parsed.append(("node", text))
+                elif text is not None and text.startswith("$"):
+                    if text[1:] not in arg_names:
+                        raise _where(a, at).error(f"{text} is not an argument of {name}: {', '.join(arg_names)}")
+                    parsed.append(("bind", text[1:]))
+                    bound.add(text[1:])
+                elif text == "_":
+                    parsed.append(("any",))
+                elif text is not None and text in DTYPES:
+                    parsed.append(("dtype", text))
+                elif text is not None:
+                    raise _where(a, at).error(f"{text!r} is no node of this match, $argument, _ or dtype")
+                else:
+                    parsed.append(("lit", a))
+            nodes[node] = (str(target), parsed)
+        root = _expect(item.get("root"), str, "root", at)
+        if root not in nodes:
+            raise root.error(f"root {root!r} is not one of the nodes: {', '.join(nodes)}")
+        fixed = dict(_expect(item.get("set", {}), dict, "set", at))
+        for key in fixed:
+            if key not in arg_names:
+                raise _where(key, at).error(f"set {key!r}: not an argument of {name}")
+        missing = [a for a in arg_names if a not in bound and a not in fixed]
+        if missing:
+            raise at.error(f"the match binds no {', '.join(missing)} ($name in a node, or set:)")
+        out.append(Pattern(str(name), at.where, str(root), nodes, {str(k): v for k, v in fixed.items()}))
+    return out
+
+
 # Operator namespaces an entry may name: aten, prims (core ATen decompositions leave
 # a few prims ops, such as prims.collapse, in graphs) and quantized_decomposed (the
 # quantize/dequantize ops of PT2E-quantized graphs; torch registers them on import of
 # torch.ao.quantization.fx._decomposed, imported below).
-NAMESPACES = ("aten", "prims", "quantized_decomposed")
+# torchtosa: the group ops of runtime/qops.py, which `match` entries put into graphs.
+NAMESPACES = ("aten", "prims", "quantized_decomposed", "torchtosa")
 
 
 def _torch_overload(name: Located) -> Any:
@@ -608,7 +683,8 @@ def load_entry(name: Located, entry: Any, family: str, catalogue: dict[str, Tosa
         registry=_identifier(entry.get("registry", "tosa"), "registry", name), args=args, lets=lets, requires=requires,
         limits=limits, results=results, lines=lines, tolerance=_tolerance(entry.get("tolerance"), name),
         sorted=_sorted_args(entry.get("sorted", []), args, name),
-        static=_static_args(entry.get("static"), args, name))
+        static=_static_args(entry.get("static"), args, name),
+        patterns=_load_patterns(entry["match"], name, args) if "match" in entry else [])
     dtypes = _expect(entry.get("sample_dtypes", ["f32"]), list, "sample_dtypes", name)
     for d in dtypes:
         if d not in DTYPES:

@@ -24,6 +24,7 @@ from .freeze import fold_constants
 from .freeze import freeze as freeze_graph
 from .importer import Program, import_graph
 from .options import MIN_REGION_OPS, Options
+from .patterns import rewrite_groups
 from .regions import Explanation, NativeRegion, all_native, split, warn_fallbacks
 from .symbolic import evaluator, shape_env_of
 from .target import Target
@@ -110,11 +111,19 @@ def to_tosa(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
     """
     captured = _capture(fn, args, kwargs)
     gm = freeze_graph(captured) if freeze else captured.gm
+    # node groups with a lowering of their own (quantized DQ -> op -> Q groups as integer
+    # TOSA): their patterns need the frozen constants, before folding computes them away; a
+    # target without the INT profile keeps the float path
+    integer = target in (None, "auto") or "INT" in Target.parse(target).profiles
+    groups = rewrite_groups(gm) if freeze and integer else []
     if freeze or target is not None:
         fold_constants(gm)
     if target != "auto":
-        return import_graph(gm, aim=None if target is None else Target.parse(target))
-    return _most_conformant(gm)
+        program = import_graph(gm, aim=None if target is None else Target.parse(target))
+    else:
+        program = _most_conformant(gm)
+    program.groups = groups
+    return program
 
 
 def _most_conformant(gm: torch.fx.GraphModule) -> Program:

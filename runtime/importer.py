@@ -55,6 +55,8 @@ class Program:
     # the names of the function's arguments and results in TOSA files (`input_0`, `output_0`... by default)
     input_names: list[str] = field(default_factory=list)
     output_names: list[str] = field(default_factory=list)
+    # node groups a pattern fitted (runtime/patterns.py) and the path each took: integer or float
+    groups: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.input_names = self.input_names or [f"input_{i}" for i in range(len(self.inputs))]
@@ -83,6 +85,7 @@ class Program:
     def report(self) -> str:
         """Which registry lowered each aten op, and how many nodes."""
         rows = [f"{op:40s} {reg:8s} x{n}" for (op, reg), n in sorted(self.served.items())]
+        rows += [f"group {g}" for g in self.groups]
         return "\n".join(rows)
 
 

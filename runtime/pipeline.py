@@ -48,8 +48,9 @@ PIPELINES: dict[str, str] = {
     # they are tensor.collapse/expand_shape, fusion moves them between an i1 producer
     # and its consumer (a broadcast operand blocks the expansion that would rejoin
     # them), and the i1 result is materialized. Only shape ops of TOSA remain here,
-    # whose folders are exact.
-    "fuse-before-reshapes": "builtin.module(linalg-fuse-elementwise-ops,func.func(tosa-to-tensor))",
+    # whose folders are exact. Folding a tosa.reshape of a constant (an int8 weight of a
+    # frozen quantized model) makes a new tosa.const: tosa-to-arith again turns it into arith.
+    "fuse-before-reshapes": "builtin.module(linalg-fuse-elementwise-ops,func.func(tosa-to-tensor,tosa-to-arith))",
     # Tensor-level cleanup. Fusing elementwise ops removes most intermediate
     # buffers, including i1 comparison results; detensorizing turns rank-0
     # ops (e.g. a cond_if predicate) into scalars, so they need no buffer.

@@ -33,10 +33,28 @@ class Eager:
     where: str  # "opdefs/eager.yaml:12"
 
 
+@dataclass(frozen=True)
+class Pattern:
+    """A node group one torchtosa op replaces, from an entry's `match` (runtime/patterns.py)."""
+
+    op: str  # "torchtosa.qlinear.default"
+    where: str
+    root: str  # the node whose value the op computes
+    nodes: dict[str, tuple[str, list[tuple]]]  # name -> (overload, [("node", n) | ("bind", arg) | ...])
+    fixed: dict[str, object]  # op arguments the pattern sets
+
+
+@cache
+def patterns() -> list[Pattern]:
+    """Every node-group pattern, in opdefs order."""
+    return list(_generated().PATTERNS)
+
+
 def generator_inputs(root: Path = ROOT) -> list[Path]:
     """Every file the generated registry depends on."""
     files = [*root.glob("opdefs/*.yaml"), *root.glob("generator/*.py"), *root.glob("generator/*.lark"),
-             *root.glob("generator/templates/*.j2"), root / "runtime" / "rules.py"]
+             *root.glob("generator/templates/*.j2"), root / "runtime" / "rules.py",
+             root / "runtime" / "qops.py"]
     return sorted(p for p in files if p.is_file())
 
 

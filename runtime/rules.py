@@ -752,3 +752,41 @@ def rounded(v: Any, dt: torch.dtype) -> float:
     """The scalar `v` rounded to the float dtype `dt`, as a Python float: the value torch's pow
     kernel uses for a scalar exponent of an f16 or bf16 tensor."""
     return builtins.float(torch.tensor(builtins.float(v), dtype=torch.float64).to(dt).item())
+# ---- added by int8b (integer DQ -> op -> Q groups)
+
+
+def rescale_scale32(scale: float) -> list[int] | None:
+    """[multiplier, shift] of a TOSA RESCALE (scale32) for the real `scale` > 0, derived as
+    MLIR's TOSA quantization utilities do: scale = f * 2^e (frexp, f in [0.5, 1)), multiplier =
+    round(f * 2^31) (half away from zero; 2^31 becomes 2^30 with e + 1), shift = 31 - e.
+    None if the shift leaves [2, 62], the range RESCALE requires (or scale is not positive)."""
+    if not (scale > 0 and math.isfinite(scale)):
+        return None
+    f, e = math.frexp(scale)
+    m = math.floor(f * (1 << 31) + 0.5)  # f * 2^31 is exact in a double: round half up
+    if m == 1 << 31:
+        m, e = m // 2, e + 1
+    shift = 31 - e
+    return [m, shift] if 2 <= shift <= 62 else None
+
+
+def rescale_params(input_scale: float, weight_scales: Sequence[float], output_scale: float) -> list[list[int]] | None:
+    """[[multipliers], [shifts]] that rescale an i32 accumulator at scale input_scale *
+    weight_scales[c] to output_scale, per channel; None if one channel's shift is out of range."""
+    pairs = [rescale_scale32(input_scale * builtins.float(s) / output_scale) for s in weight_scales]
+    if any(p is None for p in pairs):
+        return None
+    return [[p[0] for p in pairs], [p[1] for p in pairs]]
+
+
+def quantize_bias(bias: Sequence[float] | None, input_scale: float, weight_scales: Sequence[float]) -> list[int]:
+    """The float bias as int32 at the accumulator's scale: round(b[c] / (input_scale *
+    weight_scales[c])), half to even, in double; zeros if there is no bias."""
+    if bias is None:
+        return [0] * len(weight_scales)
+    return [builtins.round(builtins.float(b) / (input_scale * builtins.float(s)))
+            for b, s in builtins.zip(bias, weight_scales, strict=True)]
+
+
+def fits_i32(values: Sequence[int]) -> bool:
+    return all(-(1 << 31) <= v < (1 << 31) for v in values)

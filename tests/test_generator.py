@@ -539,3 +539,40 @@ def test_parentheses_group_comparisons(rule: str, expected: str) -> None:
     from generator.rules import Scope, compile_expr
     from generator.source import Located
     assert compile_expr(Located(rule, "x.yaml", 1, 1), Scope({"x": "value", "y": "value", "z": "value"})) == expected
+
+
+# the qlinear entry of opdefs/quantize_int.yaml
+QUANT_INT = (ROOT / "opdefs" / "quantize_int.yaml").read_text().split("\ntorchtosa.qconv2d.default:")[0]
+
+
+def test_match_patterns_load_and_render(opdefs: Path) -> None:
+    """A torchtosa entry's `match`: node trees rendered into the registry's PATTERNS."""
+    (opdefs / "fam.yaml").write_text(QUANT_INT)
+    _, entries = load_specs(opdefs)
+    patterns = [(p.op, p.root, sorted(p.nodes), p.fixed) for e in entries for p in e.patterns]
+    assert patterns[0] == ("torchtosa.qlinear.default", "q", ["mm", "q", "r", "w", "wt", "x"], {"relu": True})
+    assert len(patterns) == 6 and patterns[1][3] == {"relu": False}
+    q = entries[0].patterns[0].nodes["q"]
+    assert q == ("quantized_decomposed.quantize_per_tensor.default",
+                 [("node", "r"), ("bind", "output_scale"), ("bind", "output_zero_point"), ("bind", "quant_min"),
+                  ("bind", "quant_max"), ("dtype", "i8")])
+    assert "PATTERNS: list[Pattern] = [" in render_registry(entries, [], "0")
+
+
+@pytest.mark.parametrize(("old", "new", "hint"), [
+    ("$output_scale, $output_zero_point, $quant_min, $quant_max, i8]\n        r:",
+     "‸$output_scal, $output_zero_point, $quant_min, $quant_max, i8]\n        r:", "$output_scal is not an argument"),
+    ("[aten.relu.default, mm]", "[aten.relu.default, ‸nm]", "'nm' is no node of this match"),
+    ("[aten.relu.default, mm]", "[‸aten.relu.defaults, mm]", "has no overload"),
+])
+def test_match_mistakes_are_located(opdefs: Path, old: str, new: str, hint: str) -> None:
+    spec_error(opdefs, QUANT_INT.replace(old, new, 1), hint)  # in the first pattern
+
+
+def test_match_must_bind_every_argument_and_name_a_torchtosa_op(opdefs: Path) -> None:
+    spec_error(opdefs, QUANT_INT.replace("    - root: q\n      set: {relu: true}", "    - root: ‸q", 1),
+               "the match binds no relu")
+    aten = GOOD.replace("  doc: a test entry", "  doc: a test entry\n  match: []")
+    with pytest.raises(SpecError, match="only torchtosa ops"):
+        (opdefs / "fam.yaml").write_text(aten)
+        load_specs(opdefs)
