@@ -30,6 +30,9 @@ _QCONV2D = ("qconv2d(Tensor input, float input_scale, int input_zero_point, Tens
 def _dequantized(input: torch.Tensor, input_scale: float, input_zero_point: int, weight: torch.Tensor,
                  weight_scales: list[float], weight_zero_points: list[int],
                  bias: list[float] | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    if not len(weight_scales) == len(weight_zero_points) == weight.shape[0]:
+        raise ValueError(f"one weight scale and zero point per output channel ({weight.shape[0]}): got "
+                         f"{len(weight_scales)} and {len(weight_zero_points)}")
     x = QD.dequantize_per_tensor.default(input, input_scale, input_zero_point, -128, 127, torch.int8)
     scales = torch.tensor(weight_scales, dtype=torch.float32, device=weight.device)
     zps = torch.tensor(weight_zero_points, dtype=torch.int64, device=weight.device)
