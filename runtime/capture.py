@@ -114,9 +114,12 @@ def capture(
         finally:
             remove_from_cache(_trampoline)
     out_leaves, out_spec = pytree.tree_flatten(_wrap_constants(result))
-    names = _placeholder_names(fn), _input_names(fn, args, kwargs)
-    gm, params = rec.rebuild(_state_order(fn), inputs, out_leaves, *names)
-    return Captured(gm, params, inputs, in_spec, out_spec, _state_paths(fn, gm, params))
+    paths = _state_paths(fn)
+    placeholders = {i: kind + path.replace(".", "_") for i, (kind, path) in paths.items()}  # p_fc_weight
+    gm, params = rec.rebuild(_state_order(fn), inputs, out_leaves, placeholders, _input_names(fn, args, kwargs))
+    nodes = gm.graph.find_nodes(op="placeholder")
+    names = [paths[id(t)][1] if id(t) in paths else node.name for t, node in zip(params, nodes, strict=False)]
+    return Captured(gm, params, inputs, in_spec, out_spec, names)
 
 
 def capture_exported(ep: torch.export.ExportedProgram) -> Captured:
@@ -377,26 +380,17 @@ def _state_order(fn: Callable[..., Any] | torch.nn.Module) -> dict[int, int]:
     return {id(t): i for i, t in enumerate([*fn.parameters(), *fn.buffers()])}
 
 
-def _state_paths(fn: Any, gm: fx.GraphModule, params: list[torch.Tensor]) -> list[str]:
-    """The module path of each lifted tensor, or its placeholder's name."""
-    named: dict[int, str] = {}
-    if isinstance(fn, torch.nn.Module):
-        for name, t in [*fn.named_parameters(remove_duplicate=False), *fn.named_buffers(remove_duplicate=False)]:
-            named.setdefault(id(t), name)
-    nodes = list(gm.graph.find_nodes(op="placeholder"))
-    return [named.get(id(t), node.name) for t, node in zip(params, nodes, strict=False)]
-
-
-def _placeholder_names(fn: Callable[..., Any] | torch.nn.Module) -> dict[int, str]:
-    """The placeholder name of each parameter (`p_` and its state name, as torch.export names
-    it: `p_0_weight`) and buffer (`b_`) of a module, by tensor identity."""
+def _state_paths(fn: Callable[..., Any] | torch.nn.Module) -> dict[int, tuple[str, str]]:
+    """The kind (`p_` parameter, `b_` buffer, as torch.export prefixes them) and module path
+    (`0.weight`) of each tensor of a module's state, by tensor identity; the first name of one
+    shared under several."""
     if not isinstance(fn, torch.nn.Module):
         return {}
-    names: dict[int, str] = {}
-    for prefix, named in (("p_", fn.named_parameters()), ("b_", fn.named_buffers())):
+    paths: dict[int, tuple[str, str]] = {}
+    for kind, named in (("p_", fn.named_parameters()), ("b_", fn.named_buffers())):
         for name, t in named:
-            names.setdefault(id(t), prefix + name.replace(".", "_"))
-    return names
+            paths.setdefault(id(t), (kind, name))
+    return paths
 
 
 def _input_names(fn: Callable[..., Any] | torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
