@@ -29,6 +29,7 @@ from mlir import ir
 from . import target, tosa_tools
 from .errors import InvalidFile, ToolError, Unsupported
 from .execute import TensorSpec
+from .irutil import find_ops
 
 if TYPE_CHECKING:
     from .importer import Program
@@ -119,8 +120,8 @@ def portable_bools(text: str) -> str:
 def serialize(program: Program, path: Path) -> None:
     """Write the program as a TOSA flatbuffer with tosa-opt: TOSA ops only, no f64."""
     with program.context:
-        ops = list(_walk(_function(program.module, program.name).operation))
-        other = sorted({op.name for op in ops if not op.name.startswith("tosa.")} - {"func.return"})
+        ops = find_ops(_function(program.module, program.name), lambda op: True)
+        other = sorted({op.name for op in ops if not op.name.startswith("tosa.")} - {"func.func", "func.return"})
         f64 = any(isinstance(v.type, ir.ShapedType) and str(v.type.element_type) == "f64"
                   for op in ops for v in [*op.operands, *op.results])
     if other:
@@ -163,15 +164,6 @@ def _suffix(path: Path, verb: str) -> str:
         kinds = ", ".join(f"{s} ({kind})" for s, kind in SUFFIXES.items())
         raise InvalidFile(f"can't {verb} {path}: torchtosa's files end in {kinds}")
     return path.suffix
-
-
-def _walk(parent: ir.Operation) -> Iterator[ir.Operation]:
-    """The operations nested in `parent`, at any depth."""
-    for region in parent.regions:
-        for block in region.blocks:
-            for op in block.operations:
-                yield op.operation
-                yield from _walk(op.operation)
 
 
 def _function(module: ir.Module, name: str | None) -> ir.OpView:
