@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import torch
 from mlir import ir
-from mlir.passmanager import PassManager
 
 from .errors import NotConformant
+from .irutil import run_passes
 
 PROFILES = {"FP": "pro_fp", "INT": "pro_int"}
 VERSIONS = {"1.0": "1.0", "1.1": "1.1.draft"}
@@ -131,7 +131,7 @@ def restore(module: ir.Module) -> Target | None:
 def _run(module: ir.Module, pipeline: str, target: Target | None = None) -> None:
     with module.context:
         try:
-            PassManager.parse(pipeline).run(module.operation)
+            run_passes(module, pipeline)
         except ir.MLIRError as err:
             problems = [f"{_where(d.location)}: {d.message}" for d in err.error_diagnostics]
             what = f"not conformant to {target}" if target else "cannot take this TOSA target"
