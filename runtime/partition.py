@@ -25,7 +25,7 @@ import numpy as np
 from mlir import ir
 from mlir.dialects import func
 
-from .irutil import is_sub_byte, top_level
+from .irutil import find_ops, is_sub_byte, top_level
 
 PART_OPS = 200  # top-level ops per part
 _CONSTANTS = ("tosa.const", "tosa.const_shape", "arith.constant")
@@ -60,7 +60,7 @@ def _split(function: ir.Operation, body: list[ir.Operation], size: int) -> None:
         return
     outlined = [(_outline(function, body[a:b], f"{name}__part{i}"), (a, b) in repeated)
                 for i, (a, b) in enumerate(parts)]
-    _merge_identical([callee for callee, layer in outlined if layer and callee is not None])
+    _merge_identical(function, [callee for callee, layer in outlined if layer and callee is not None])
 
 
 def _layer_cuts(body: list[ir.Operation], crossing: list[int], booleans: list[int], size: int) -> list[int]:
@@ -114,8 +114,10 @@ def _signature(op: ir.Operation) -> str:
     return f"{op.name}|{attributes}|{','.join(str(r.type) for r in op.results)}"
 
 
-def _merge_identical(callees: list[func.FuncOp]) -> None:
-    """Make every call of a callee whose body equals an earlier one's call that one instead."""
+def _merge_identical(caller: ir.Operation, callees: list[func.FuncOp]) -> None:
+    """Make every call in `caller` of a callee whose body equals an earlier one's call that one
+    instead, and erase the copies."""
+    calls = find_ops(caller, lambda op: op.name == "func.call")
     first: dict[str, str] = {}
     for callee in callees:
         name = ir.StringAttr(callee.attributes["sym_name"]).value
@@ -125,21 +127,10 @@ def _merge_identical(callees: list[func.FuncOp]) -> None:
             # one body for every layer: LLVM's inliner would copy it back into each call
             callee.attributes["passthrough"] = ir.ArrayAttr.get([ir.StringAttr.get("noinline")])
             continue
-        for use in _calls(callee, name):
-            use.attributes["callee"] = ir.FlatSymbolRefAttr.get(kept)
+        for call in calls:
+            if ir.FlatSymbolRefAttr(call.attributes["callee"]).value == name:
+                call.attributes["callee"] = ir.FlatSymbolRefAttr.get(kept)
         callee.operation.erase()
-
-
-def _calls(callee: func.FuncOp, name: str) -> list[ir.Operation]:
-    """The func.call ops of `name` in the module around `callee`."""
-    module = callee.operation.parent
-    found = []
-    for f in module.regions[0].blocks[0].operations:
-        for op in (f.regions[0].blocks[0].operations if f.operation.name == "func.func" and f.regions[0].blocks
-                   else []):
-            if op.operation.name == "func.call" and ir.FlatSymbolRefAttr(op.attributes["callee"]).value == name:
-                found.append(op.operation)
-    return found
 
 
 def _crossings(body: list[ir.Operation], position: dict[ir.Operation, int],
