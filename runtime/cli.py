@@ -141,7 +141,7 @@ def _export(args: argparse.Namespace) -> int:
     outputs: list[str] | None = None
     if options or args.emit in ("mlir", "tosa"):  # TOSA for a target (the most conformant one by default)
         program = progress.run("capture + import to TOSA", lambda: api.to_tosa(fn, *tensors, **options))
-        users = len(tensors) if not exported else len(library.input_names(fn, (), {}, -1))
+        users = len(tensors) if not exported else len(library.user_inputs(fn))
         if args.emit == "so" and len(program.inputs) != users:
             raise UsageError("--emit so with --target needs --freeze: the library embeds the parameters "
                              "as constants of the TOSA program")
@@ -158,7 +158,7 @@ def _export(args: argparse.Namespace) -> int:
     elif args.emit in ("linalg", "llvm"):
         _write(args.output, lowered(program, args.opt, args.emit, progress.stage))
     else:
-        names = library.input_names(fn, tensors, {}, len(program.inputs) - len(constants))
+        names = program.input_names[len(constants):]  # the function's parameter names (capture gives them)
         lib = library.build(program, constants, args.output, opt=args.opt, name=args.name, input_names=names,
                             output_names=outputs, source=f"{args.target_fn} ({library.describe(fn)})",
                             on_stage=progress.stage)

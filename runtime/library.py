@@ -10,7 +10,6 @@ are embedded read-only in the library.
 
 from __future__ import annotations
 
-import inspect
 import shutil
 import sys
 import tempfile
@@ -66,10 +65,9 @@ def export_library(fn: Callable | torch.nn.Module | torch.export.ExportedProgram
         _check_call(fn, args, kwargs)
     captured = _capture(fn, args, kwargs)
     program = import_graph(captured.gm)
-    names = input_names(fn, args, kwargs, len(program.inputs) - len(captured.params))
     outputs = output_names(captured.out_spec, len(program.outputs))
-    return build(program, captured.params, path, opt=opt, name=name, input_names=names, output_names=outputs,
-                 source=describe(fn))
+    return build(program, captured.params, path, opt=opt, name=name,
+                 input_names=program.input_names[len(captured.params):], output_names=outputs, source=describe(fn))
 
 
 def build(program: Program, constants: Sequence[torch.Tensor], path: str | Path, opt: str = "default",
@@ -207,36 +205,12 @@ def _check_static(program: Program) -> None:
                           "libraries have static shapes only for now")
 
 
-def input_names(fn: Any, args: tuple, kwargs: dict, count: int) -> list[str]:
-    """Names for the `count` tensor inputs: the parameter names of `fn` (`x`, or `x_0`, `x_1`
-    for the tensors in a list argument), or `in0`, `in1`... when they can't be told. An
-    ExportedProgram's are its user inputs' (all of them if `count` is negative)."""
-    generic = [f"in{i}" for i in range(count)]
-    if isinstance(fn, torch.export.ExportedProgram):
-        specs = fn.graph_signature.input_specs
-        names = [s.arg.name for s in specs if s.kind == torch.export.graph_signature.InputKind.USER_INPUT
-                 and isinstance(getattr(s.arg, "name", None), str)]
-        placeholders = {n.name: n for n in fn.graph.find_nodes(op="placeholder")}
-        names = [n for n in names if isinstance(placeholders[n].meta.get("val"), torch.Tensor)]
-        return names if len(names) == count or count < 0 else generic
-    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
-    try:
-        signature = inspect.signature(target)
-        signature.bind(*args, **kwargs)
-    except (TypeError, ValueError):
-        return generic
-    positional = [p for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    rest = next((p.name for p in signature.parameters.values() if p.kind is p.VAR_POSITIONAL), "args")
-    named = [(positional[i].name if i < len(positional) else f"{rest}{i - len(positional)}", a)
-             for i, a in enumerate(args)]
-    names = []
-    for key, value in [*named, *kwargs.items()]:  # the order in which capture flattens them
-        if isinstance(value, torch.Tensor):
-            names.append(key)
-        else:
-            leaves = [x for x in pytree.tree_leaves(value) if isinstance(x, torch.Tensor)]
-            names += [f"{key}_{i}" for i in range(len(leaves))]
-    return names if len(names) == count else generic
+def user_inputs(ep: torch.export.ExportedProgram) -> list[str]:
+    """The names of an ExportedProgram's tensor inputs that its caller passes (not its state)."""
+    placeholders = {n.name: n for n in ep.graph.find_nodes(op="placeholder")}
+    return [s.arg.name for s in ep.graph_signature.input_specs
+            if s.kind == torch.export.graph_signature.InputKind.USER_INPUT
+            and isinstance(placeholders[s.arg.name].meta.get("val"), torch.Tensor)]
 
 
 def output_names(out_spec: pytree.TreeSpec, count: int) -> list[str]:
