@@ -120,21 +120,13 @@ def test_pt2e_graph_has_qdq_ops(name: str) -> None:
     assert not any("batch_norm" in op for op in ops)  # folded into the conv by convert_pt2e
 
 
+@pytest.mark.parametrize("fold", [True, False])
 @pytest.mark.parametrize("name", list(MODELS))
-def test_pt2e_model_native(name: str) -> None:
+def test_pt2e_model_native(name: str, fold: bool) -> None:
+    """fold=False: convert_pt2e leaves quantize_per_channel of the float weights in the graph."""
     cls, shape = MODELS[name]
-    ep, x = quantized(cls(), shape)
-    want = ep.module()(x)
-    got = torchtosa.compile(ep, fallback="error")(x)
-    check_quanta(got, want, last_scale(ep))
-
-
-@pytest.mark.parametrize("name", list(MODELS))
-def test_pt2e_model_unfolded_weights_native(name: str) -> None:
-    """convert_pt2e(fold_quantize=False): quantize_per_channel of the float weights in the graph."""
-    cls, shape = MODELS[name]
-    ep, x = quantized(cls(), shape, fold=False)
-    assert any(n.target == QD.quantize_per_channel.default for n in ep.graph.nodes)
+    ep, x = quantized(cls(), shape, fold=fold)
+    assert any(n.target == QD.quantize_per_channel.default for n in ep.graph.nodes) == (not fold)
     want = ep.module()(x)
     got = torchtosa.compile(ep, fallback="error")(x)
     check_quanta(got, want, last_scale(ep))
