@@ -18,7 +18,7 @@ import torch
 import torch.ao.quantization.fx._decomposed  # registers torch.ops.quantized_decomposed
 from lark import Tree
 
-from torchtosa import qops  # noqa: F401  registers torch.ops.torchtosa (quantized group ops)
+from torchtosa import quant  # noqa: F401  registers torch.ops.torchtosa (quantized group ops)
 
 from .rules import DTYPES, Compiler, Scope, compile_expr, compile_message, parse, py_name, strip_parens
 from .source import Located, load_yaml
@@ -308,7 +308,7 @@ class OpDef:
 
 @dataclass
 class Pattern:
-    """A group of graph nodes that one call of a torchtosa op replaces (runtime/patterns.py).
+    """A group of graph nodes that one call of a torchtosa op replaces (runtime/quant/patterns.py).
 
     `nodes` maps a node name to (overload, args): each argument is ("node", name) for a
     producer in the group, ("bind", arg) for an argument of the op, ("any",) or ("lit", value)
@@ -323,7 +323,7 @@ class Pattern:
 
 def _load_patterns(value: Any, name: Located, args: list[Arg]) -> list[Pattern]:
     if not str(name).startswith("torchtosa."):
-        raise name.error("only torchtosa ops (runtime/qops.py) replace node groups with 'match'")
+        raise name.error("only torchtosa ops (runtime/quant/) replace node groups with 'match'")
     arg_names = [a.name for a in args]
     out = []
     for item in _expect(value, list, "match", name):
@@ -380,7 +380,7 @@ def _load_patterns(value: Any, name: Located, args: list[Arg]) -> list[Pattern]:
 # a few prims ops, such as prims.collapse, in graphs) and quantized_decomposed (the
 # quantize/dequantize ops of PT2E-quantized graphs; torch registers them on import of
 # torch.ao.quantization.fx._decomposed, imported below).
-# torchtosa: the group ops of runtime/qops.py, which `match` entries put into graphs.
+# torchtosa: the group ops of runtime/quant/, which `match` entries put into graphs.
 NAMESPACES = ("aten", "prims", "quantized_decomposed", "torchtosa")
 
 

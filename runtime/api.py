@@ -24,7 +24,7 @@ from .freeze import fold_constants
 from .freeze import freeze as freeze_graph
 from .importer import Program, import_graph
 from .options import MIN_REGION_OPS, Options
-from .patterns import rewrite_groups
+from .quant.patterns import rewrite_groups
 from .regions import Explanation, NativeRegion, all_native, split, warn_fallbacks
 from .symbolic import evaluator, shape_env_of
 from .target import Target

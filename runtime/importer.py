@@ -55,7 +55,7 @@ class Program:
     # the names of the function's arguments and results in TOSA files (`input_0`, `output_0`... by default)
     input_names: list[str] = field(default_factory=list)
     output_names: list[str] = field(default_factory=list)
-    # node groups a pattern fitted (runtime/patterns.py) and the path each took: integer or float
+    # node groups a pattern fitted (runtime/quant/patterns.py) and the path each took: integer or float
     groups: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:

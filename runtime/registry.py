@@ -35,7 +35,7 @@ class Eager:
 
 @dataclass(frozen=True)
 class Pattern:
-    """A node group one torchtosa op replaces, from an entry's `match` (runtime/patterns.py)."""
+    """A node group one torchtosa op replaces, from an entry's `match` (runtime/quant/patterns.py)."""
 
     op: str  # "torchtosa.qlinear.default"
     where: str
@@ -54,7 +54,7 @@ def generator_inputs(root: Path = ROOT) -> list[Path]:
     """Every file the generated registry depends on."""
     files = [*root.glob("opdefs/*.yaml"), *root.glob("generator/*.py"), *root.glob("generator/*.lark"),
              *root.glob("generator/templates/*.j2"), root / "runtime" / "rules.py",
-             root / "runtime" / "qops.py"]
+             *root.glob("runtime/quant/*.py")]
     return sorted(p for p in files if p.is_file())
 
 

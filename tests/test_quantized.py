@@ -26,7 +26,7 @@ from torchtosa.capture import capture_exported
 from torchtosa.execute import NativeFunction, TensorSpec
 from torchtosa.freeze import freeze
 from torchtosa.importer import build_function
-from torchtosa.patterns import rewrite_groups
+from torchtosa.quant.patterns import rewrite_groups
 from torchtosa.target import Target
 from torchtosa.tosa import Builder
 

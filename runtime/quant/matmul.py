@@ -1,23 +1,18 @@
-"""torchtosa's quantized group ops: one call for a dequantize -> linear/conv2d [-> relu] ->
+"""Quantized linear and conv2d: one call for a dequantize -> linear/conv2d [-> relu] ->
 quantize group of a PT2E graph, on the int8 values themselves.
 
-`torch.ops.torchtosa.qlinear` and `torch.ops.torchtosa.qconv2d` compute exactly what the group
-they replace computes in PyTorch (dequantize the int8 input and per-channel weight, the float op
-with the float bias, relu, quantize), so eager runs, constant folding and FakeTensor shapes of a
-rewritten graph are the group's own. Their lowerings (opdefs/quantize_int.yaml) are integer
-TOSA; each entry's `match` declares the group it replaces (runtime/patterns.py applies them).
-
-Weight scales, weight zero points and the bias are lists of numbers (compile-time constants of
-a frozen graph): the lowering's rules compute the int32 bias and the rescale multipliers from
-them. This module imports only torch (the generator loads it to check the entries' schemas).
+`torch.ops.torchtosa.qlinear` and `qconv2d` compute exactly what the group they replace computes
+in PyTorch (dequantize the int8 input and per-channel weight, the float op with the float bias,
+relu, quantize). Their lowerings (opdefs/quantize_int.yaml) are integer TOSA. Weight scales,
+weight zero points and the bias are lists of numbers (compile-time constants of a frozen
+graph): the lowering's rules compute the int32 bias and the rescale multipliers from them.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.ao.quantization.fx._decomposed
 
-QD = torch.ops.quantized_decomposed
+from .library import QD, dequantize, group_op, quantize
 
 _QLINEAR = ("qlinear(Tensor input, float input_scale, int input_zero_point, Tensor weight, float[] weight_scales, "
             "int[] weight_zero_points, float[]? bias, float output_scale, int output_zero_point, int quant_min, "
@@ -33,7 +28,7 @@ def _dequantized(input: torch.Tensor, input_scale: float, input_zero_point: int,
     if not len(weight_scales) == len(weight_zero_points) == weight.shape[0]:
         raise ValueError(f"one weight scale and zero point per output channel ({weight.shape[0]}): got "
                          f"{len(weight_scales)} and {len(weight_zero_points)}")
-    x = QD.dequantize_per_tensor.default(input, input_scale, input_zero_point, -128, 127, torch.int8)
+    x = dequantize(input, input_scale, input_zero_point)
     scales = torch.tensor(weight_scales, dtype=torch.float32, device=weight.device)
     zps = torch.tensor(weight_zero_points, dtype=torch.int64, device=weight.device)
     w = QD.dequantize_per_channel.default(weight, scales, zps, 0, -128, 127, torch.int8)
@@ -44,9 +39,10 @@ def _dequantized(input: torch.Tensor, input_scale: float, input_zero_point: int,
 def _quantized(y: torch.Tensor, relu: bool, output_scale: float, output_zero_point: int,
                quant_min: int, quant_max: int) -> torch.Tensor:
     y = y.relu() if relu else y
-    return QD.quantize_per_tensor.default(y, output_scale, output_zero_point, quant_min, quant_max, torch.int8)
+    return quantize(y, output_scale, output_zero_point, quant_min, quant_max)
 
 
+@group_op(_QLINEAR)
 def qlinear(input: torch.Tensor, input_scale: float, input_zero_point: int, weight: torch.Tensor,
             weight_scales: list[float], weight_zero_points: list[int], bias: list[float] | None,
             output_scale: float, output_zero_point: int, quant_min: int, quant_max: int,
@@ -59,6 +55,7 @@ def qlinear(input: torch.Tensor, input_scale: float, input_zero_point: int, weig
     return _quantized(y, relu, output_scale, output_zero_point, quant_min, quant_max)
 
 
+@group_op(_QCONV2D)
 def qconv2d(input: torch.Tensor, input_scale: float, input_zero_point: int, weight: torch.Tensor,
             weight_scales: list[float], weight_zero_points: list[int], bias: list[float] | None,
             stride: list[int], padding: list[int], dilation: list[int], groups: int,
@@ -67,19 +64,3 @@ def qconv2d(input: torch.Tensor, input_scale: float, input_zero_point: int, weig
     x, w, b = _dequantized(input, input_scale, input_zero_point, weight, weight_scales, weight_zero_points, bias)
     y = torch.ops.aten.convolution.default(x, w, b, stride, padding, dilation, False, [0, 0], groups)
     return _quantized(y, relu, output_scale, output_zero_point, quant_min, quant_max)
-
-
-def _register() -> None:
-    if any(n.startswith("torchtosa::") for n in torch._C._dispatch_get_all_op_names()):
-        return  # loaded twice (the generator and the package in one process)
-    lib = torch.library.Library("torchtosa", "FRAGMENT")
-    for schema, fn in ((_QLINEAR, qlinear), (_QCONV2D, qconv2d)):
-        lib.define(schema)
-        # one composite kernel: PyTorch's own ops, so Meta/FakeTensor derive the result from it
-        lib.impl(schema.split("(")[0], fn, "CompositeExplicitAutograd")
-        torch.library.register_fake(f"torchtosa::{schema.split('(')[0]}", fn, lib=lib)
-    _LIBS.append(lib)
-
-
-_LIBS: list[torch.library.Library] = []  # keeps the registrations alive
-_register()

@@ -1,0 +1,5 @@
+"""Quantized models: the `torchtosa` group ops that replace PT2E's dequantize -> op -> quantize
+groups (one module per op family, each registering its ops with `library.group_op`) and the
+matcher that applies the `match` tables of their YAML entries (patterns.py)."""
+
+from . import matmul  # noqa: F401  registers torch.ops.torchtosa.qlinear / qconv2d
