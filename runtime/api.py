@@ -24,6 +24,7 @@ from .freeze import fold_constants
 from .freeze import freeze as freeze_graph
 from .importer import Program, import_graph
 from .options import MIN_REGION_OPS, Options
+from .quant.edges import integer_edges
 from .quant.patterns import rewrite_groups
 from .regions import Explanation, NativeRegion, all_native, split, warn_fallbacks
 from .symbolic import evaluator, shape_env_of
@@ -108,6 +109,12 @@ def to_tosa(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
     `compile` lowers; bools as i8, int64, MLIR math ops) if none does. Shapes must be static.
     `freeze=True` makes parameters and buffers constants (named by their module path) so the
     module alone is the model; otherwise they are the function's leading arguments.
+
+    A PT2E-quantized model (torchao's convert_pt2e) frozen for a target with the INT profile
+    runs its dequantize -> op -> quantize groups in integer TOSA where their entries allow
+    (`prog.groups`). For a target without FP ("TOSA-1.0+INT") its float input quantizes and
+    output dequantizes are left to the caller: the program takes and returns the int8 values,
+    and `prog.input_quantization` / `prog.output_quantization` say how they encode floats.
     """
     captured = _capture(fn, args, kwargs)
     gm = freeze_graph(captured) if freeze else captured.gm
@@ -116,6 +123,8 @@ def to_tosa(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
     # target without the INT profile keeps the float path
     integer = target in (None, "auto") or "INT" in Target.parse(target).profiles
     groups = rewrite_groups(gm) if freeze and integer else []
+    # a target without FP has no float tensors: a quantized model takes and returns its int8 values
+    edges = integer_edges(gm) if target not in (None, "auto") and "FP" not in Target.parse(target).profiles else None
     if freeze or target is not None:
         fold_constants(gm)
     if target != "auto":
@@ -123,6 +132,9 @@ def to_tosa(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
     else:
         program = _most_conformant(gm)
     program.groups = groups
+    if edges is not None:
+        program.input_quantization = [edges[0][i] for i in program.arguments]
+        program.output_quantization = edges[1]
     return program
 
 

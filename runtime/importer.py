@@ -57,6 +57,10 @@ class Program:
     output_names: list[str] = field(default_factory=list)
     # node groups a pattern fitted (runtime/quant/patterns.py) and the path each took: integer or float
     groups: list[Any] = field(default_factory=list)
+    # integer edges of a quantized model under an INT-only target (runtime/quant/edges.py):
+    # how each int8 input and output encodes floats (None: a plain tensor)
+    input_quantization: list[Any] = field(default_factory=list)
+    output_quantization: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.input_names = self.input_names or [f"input_{i}" for i in range(len(self.inputs))]
@@ -86,6 +90,9 @@ class Program:
         """Which registry lowered each aten op, and how many nodes."""
         rows = [f"{op:40s} {reg:8s} x{n}" for (op, reg), n in sorted(self.served.items())]
         rows += [f"group {g}" for g in self.groups]
+        for names, edges in ((self.input_names, self.input_quantization),
+                             (self.output_names, self.output_quantization)):
+            rows += [f"{name}: {q}" for name, q in zip(names, edges, strict=False) if q is not None]
         return "\n".join(rows)
 
 

@@ -222,15 +222,19 @@ def test_integer_path_native_and_reference(name: str, fold: bool) -> None:
 
 @pytest.mark.parametrize("name", list(INT_MODELS))
 def test_integer_path_int8_module_is_int_profile(name: str) -> None:
-    """Without the float edges the model is int8 in, int8 out and conforms to TOSA-1.0+INT;
-    the int8 outputs of native code and the reference model are equal, and within one of
-    PyTorch's."""
+    """For TOSA-1.0+INT, to_tosa leaves the float input's quantize and the output's dequantize
+    to the caller: int8 in, int8 out, each edge's quantization in the program. Native code and
+    the reference model give equal int8 outputs, within one of PyTorch's run of the model
+    without its edges, and the edges' quantization is the model's own."""
     cls, shape, op = INT_MODELS[name]
     ep, x = quantized(cls(), shape)
-    ep8, qx = int8_edges(ep, x)
-    program = torchtosa.to_tosa(ep8, target="TOSA-1.0+INT", freeze=True)
+    program = torchtosa.to_tosa(ep, target="TOSA-1.0+INT", freeze=True)
     assert str(program.target) == "TOSA-1.0+INT"
     assert set(program.served) == {(op, "tosa")}
+    assert [s.dtype for s in program.inputs + program.outputs] == [torch.int8, torch.int8]
+    (qin,), (qout,) = program.input_quantization, program.output_quantization
+    ep8, qx = int8_edges(ep, x)
+    assert torch.equal(qin.quantize(x), qx) and qout.scale == last_scale(ep)
     native = NativeFunction(program.module, program.inputs, program.outputs, name=program.name)
     (got,) = native(qx)
     (ref,) = program.reference(qx)
@@ -239,6 +243,8 @@ def test_integer_path_int8_module_is_int_profile(name: str) -> None:
     assert torch.equal(got, ref)
     steps = (got.int() - want.int()).abs()
     assert steps.max().item() <= 1 and (steps > 0).float().mean().item() <= INT_OFF_BY_ONE
+    check_quanta(qout.dequantize(got), ep.module()(x), qout.scale, INT_OFF_BY_ONE)
+    assert f"{program.input_names[0]}: int8 (scale" in program.report()
 
 
 def test_integer_path_declined_keeps_float_path() -> None:
