@@ -34,6 +34,10 @@ making the first call (VmHWM, reset through /proc/self/clear_refs).
 
 The header gives one core's f32 FMA peak (`scripts/peak.py`), the ceiling of any one-thread GF/s.
 
+Then (unless --no-int8) an int8 table: the MLP and the conv block quantized with PT2E (torchao,
+XNNPACK quantizer), frozen to integer TOSA and run natively (one and two threads), against
+torchtosa's float32 compile, eager float32 and PyTorch running the quantized model.
+
 Then (unless --no-dynamic) a dynamic-shape table: for the MLP, the encoder layer and BERT, one
 torch.compile(dynamic=True) with the torchtosa backend (opt "default", one thread, and
 "parallel") serving 3 sizes, against torchtosa compiled for each size, eager (one thread) and
@@ -507,13 +511,20 @@ def command_line() -> str:
 
 
 def write_doc(env: dict[str, str], table: str, notes: list[str], scaling: str | None,
-              dynamic: str | None = None, generation: str | None = None) -> None:
+              dynamic: str | None = None, generation: str | None = None, int8: str | None = None) -> None:
     text = ["# Benchmarks", "",
             "Written by `scripts/bench.py` (`make bench`); regenerate rather than edit. The method (backends, "
             "interleaved timing, FLOP counting, what compile time and peak RSS include) is described in the "
             "script's docstring.", ""]
     text += [f"- {key}: {value}" for key, value in env.items()]
     text += ["", table, ""]
+    if int8:
+        text += ["## int8", "",
+                 "A PT2E-quantized model (docs/quantization.md) frozen to integer TOSA and run natively "
+                 "(\"torchtosa int8\", one thread; \"parallel\", two), against torchtosa's float32 compile of the "
+                 "float model, eager float32, and PyTorch running the quantized model (\"eager quantized\": its "
+                 "quantize/dequantize ops around float ops, the reference the int8 results are checked against). "
+                 "Ratios above 1x are slower.", "", int8, ""]
     if dynamic:
         text += ["## Dynamic shapes", "",
                  "One `torch.compile(model, backend=\"torchtosa\", dynamic=True)` per workload serves every size "
@@ -672,6 +683,87 @@ def generate_section(notes: list[str]) -> str:
                            "graphs compiled", "tokens equal"])
 
 
+INT8_WORKLOADS = {"mlp 512-2048-512 [64x512]": build_mlp, "conv block 16-32-32 [1x16x56x56]": build_conv}
+INT8_HEADER = ["workload", "backend", "time/call (median)", "IQR", "vs torchtosa f32", "vs eager quantized",
+               "compile (+1st call)", "max diff vs eager quantized (quanta)"]
+
+
+def pt2e_int8(model: nn.Module, inputs: Inputs) -> torch.export.ExportedProgram:
+    """The model quantized with PT2E (int8 activations per tensor, int8 weights per channel),
+    calibrated on random inputs like `inputs`, exported."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torchao's optional CUDA extensions; XNNPACKQuantizer's deprecation
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+        from torchao.testing.pt2e._xnnpack_quantizer import XNNPACKQuantizer, get_symmetric_quantization_config
+
+        quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+    prepared = prepare_pt2e(torch.export.export(model, inputs).module(), quantizer)
+    for _ in range(8):
+        prepared(*(torch.randn_like(x) for x in inputs))
+    return torch.export.export(convert_pt2e(prepared), inputs)
+
+
+def int8_section(args: argparse.Namespace, notes: list[str]) -> str | None:
+    """The int8 table: per workload, a PT2E-quantized model frozen to integer TOSA and run natively
+    against torchtosa's float32 compile, eager float32 and PyTorch running the quantized model."""
+    rows: list[list[str]] = []
+    for name, build in INT8_WORKLOADS.items():
+        if not args.only or args.only.lower() in name.lower():
+            rows += _int8_workload(name, build, args, notes)
+    notes.append("int8: quantized with PT2E (torchao 0.18, XNNPACK quantizer: int8 activations per tensor, "
+                 "int8 weights per channel) after 8 random calibration batches; the diff column is in quanta of "
+                 "the output (the float rows differ by the quantization error itself)")
+    return markdown(rows, INT8_HEADER) if rows else None
+
+
+def _int8_workload(name: str, build: Callable[[], tuple[nn.Module, Inputs]], args: argparse.Namespace,
+                   notes: list[str]) -> list[list[str]]:
+    """`to_tosa(freeze=True)` for TOSA-1.0+FP+INT (the float input's quantize and the output's
+    dequantize stay float, so every backend takes the same inputs)."""
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model, inputs = build()
+    model.eval()
+
+    def int8(opt: str) -> Callable[..., Any]:
+        program = torchtosa.to_tosa(ep, target="TOSA-1.0+FP+INT", freeze=True)
+        floats = [g for g in program.groups if g.path != "integer"]
+        if floats and opt == "default":
+            notes.append(f"int8 {name}: float path for {'; '.join(map(str, floats))}")
+        return NativeFunction(program.module, program.inputs, program.outputs, opt=opt)
+
+    with torch.no_grad():
+        ep = pt2e_int8(model, inputs)
+        quantized = ep.module()
+        torch.set_num_threads(1)
+        expected = quantized(*inputs)
+        scale = next(n for n in ep.graph.nodes if n.op == "output").args[0][0].args[1]
+        backends = [
+            Backend("torchtosa int8", 1, lambda: int8("default")),
+            Backend("torchtosa int8 parallel", 2, lambda: int8("parallel"), settle_s=OPENMP_SETTLE_S),
+            Backend("torchtosa f32", 1, lambda: torchtosa.compile(model, *inputs, fallback="error")),
+            Backend("eager f32", 1, lambda: model, compiles=False),
+            Backend("eager quantized", 1, lambda: quantized, compiles=False),
+        ]
+        print(f"\nint8 {name}", flush=True)
+        for backend in backends:
+            prepare(backend, inputs, expected, args.warmup, args.repeats)
+            print(f"  {backend.name:24s} {backend.error or _fmt_time(backend.compile_s)}", flush=True)
+        time_interleaved(backends, inputs)
+    times = {b.name: b.median for b in backends}
+    rows = []
+    for b in backends:
+        if b.error:
+            notes.append(f"int8 {name}: {b.name} failed: {b.error}")
+            rows.append([name, b.name, "failed", "-", "-", "-", "-", "-"])
+            continue
+        rows.append([name, b.name, _fmt_time(b.median), _fmt(b.iqr_pct, ".1f", "%"),
+                     _ratio(b.median, times["torchtosa f32"]), _ratio(b.median, times["eager quantized"]),
+                     _fmt(b.compile_s, ".2f", " s"), _fmt(None if b.diff is None else b.diff / scale, ".2f")])
+        print("  " + "  ".join(rows[-1][1:]), flush=True)
+    return rows
+
+
 def _ratio(time: float | None, base: float | None) -> str:
     """`time` against `base` as a factor: above 1 is slower."""
     return f"{time / base:.2f}x" if time and base else "-"
@@ -688,6 +780,7 @@ def main() -> int:
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     parser.add_argument("--no-scaling", action="store_true", help="skip the compile time against depth table")
     parser.add_argument("--no-dynamic", action="store_true", help="skip the dynamic-shape table")
+    parser.add_argument("--no-int8", action="store_true", help="skip the int8 table")
     parser.add_argument("--dynamic-only", action="store_true",
                         help="only the dynamic-shape table (printed, docs/benchmarks.md left alone)")
     args = parser.parse_args()
@@ -758,6 +851,7 @@ def main() -> int:
         for row in new:
             print("  " + "  ".join(row[1:]), flush=True)
 
+    int8 = None if args.no_int8 or args.dynamic_only else int8_section(args, notes)
     dynamic = None if args.no_dynamic else dynamic_section(args, notes)
     generation = None
     if not args.no_dynamic and not args.only:
@@ -771,6 +865,9 @@ def main() -> int:
     if rows:
         print()
         print(table)
+    if int8:
+        print()
+        print(int8)
     if dynamic:
         print()
         print(dynamic)
@@ -783,7 +880,7 @@ def main() -> int:
     for note in notes:
         print(note)
     if not args.no_write and rows:
-        write_doc(env, table, notes, scaling, dynamic, generation)
+        write_doc(env, table, notes, scaling, dynamic, generation, int8)
         print(f"\nwrote {DOC.relative_to(ROOT)}")
     return 0
 
