@@ -13,6 +13,9 @@ is +0.0). Every greedy pass and the dialect conversion apply folders, and a zero
 appear by folding anywhere upstream (a cast of a constant, an integer `i * 0`). So before
 "tosa-to-linalg" every float `tosa.mul`/`tosa.add` becomes the `linalg.generic` that
 tosa-to-linalg would make of it, whose `arith.mulf`/`arith.addf` fold exactly.
+
+With opt="default"/"parallel", int8 matmuls and convolutions lose their zero points before
+"tosa-to-linalg" (`zero_points`): plain i8 contractions, which the schedule vectorizes.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from .errors import CompileError
 from .irutil import find_ops, is_sub_byte, run_passes, top_level
 from .partition import partition
 from .schedule import schedule
+from .zero_points import separate_zero_points
 
 PIPELINES: dict[str, str] = {
     # TOSA -> linalg/tensor/arith/scf on tensors. Decompositions and shape
@@ -155,6 +159,8 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
             done(stage)
             continue
         if stage == "tosa-to-linalg":
+            if opt != "none":
+                separate_zero_points(module)
             _exact_float_arith(module)
         if stage == "fuse-before-reshapes":
             _no_dynamic_broadcasts(module)

@@ -13,10 +13,12 @@ to be small as well).
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
 import torch
+from mlir import ir
 from torch import nn
 
 import torchtosa
@@ -29,6 +31,7 @@ from torchtosa.importer import build_function
 from torchtosa.quant.patterns import rewrite_groups
 from torchtosa.target import Target
 from torchtosa.tosa import Builder
+from torchtosa.zero_points import separate_zero_points
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # torchao's optional CUDA extensions warn on import
@@ -337,3 +340,32 @@ def test_rescale_native_matches_reference_model(to: torch.dtype) -> None:
                           for v, m, s in zip(row.tolist(), mults, shifts, strict=True)] for row in x], dtype=to)
     assert got.dtype == ref.dtype == to
     assert torch.equal(got, want) and torch.equal(ref, want)
+
+
+@pytest.mark.parametrize("name", ["mlp", "convnet"])
+def test_zero_points_apart_is_exact(name: str) -> None:
+    """The optimizing pipeline takes the zero points out of int8 matmul/conv2d (runtime/
+    zero_points.py: a plain i8 contraction, the zero point times a sum of the other operand
+    subtracted, the conv input padded with its zero point): its int8 outputs equal the
+    reference lowering's (opt="none", which keeps TOSA's quantized contractions) bit for bit."""
+    cls, shape, _ = INT_MODELS[name]
+    ep, x = quantized(cls(), shape)
+    program = torchtosa.to_tosa(ep, target="TOSA-1.0+INT", freeze=True)
+    zero_points = [int(op.split("dense<")[1].split(">")[0]) for op in str(program).splitlines()
+                   if "tosa.const" in op and "tensor<1xi8>" in op]
+    assert any(zero_points), "the model's input zero points are all 0: nothing to take apart"
+    qx = program.input_quantization[0].quantize(x * 3)  # large values: the clamps are reached too
+    outs = [NativeFunction(program.module, program.inputs, program.outputs, opt=opt)(qx)[0]
+            for opt in ("none", "default")]
+    assert torch.equal(*outs)
+    native = torchtosa.to_tosa(ep, target=None, freeze=True)  # (a module printed without a target parses)
+    module = ir.Module.parse(str(native), native.context)
+    separate_zero_points(module)
+    lowered = str(module)
+    assert "tosa.reduce_sum" in lowered  # the sums of the other operand
+    zeros = {line.split("=")[0].strip(): int(line.split("dense<")[1].split(">")[0]) for line in lowered.splitlines()
+             if "tosa.const" in line and ": () -> tensor<1xi8>" in line}
+    for line in lowered.splitlines():  # every contraction's zero points are now constants 0
+        if "tosa.matmul" in line or "tosa.conv2d" in line:
+            *_, zp1, zp2 = re.findall(r"%\w+", line.split("{")[0].split(":")[0])
+            assert zeros[zp1] == zeros[zp2] == 0, line
