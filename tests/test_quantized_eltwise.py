@@ -282,3 +282,28 @@ def test_each_group_within_one_quantum_of_pytorch(name: str) -> None:
     for op, most, off, n in run.diffs:
         assert most <= 1 and off / n <= INT_OFF_BY_ONE, (op, most, off, n)
     print(name, ", ".join(f"{op} {off}/{n}" for op, _, off, n in run.diffs))
+
+
+class Clamps(nn.Module):
+    """torch.clamp with int bounds, with only a lower bound (to another quantization: a
+    RESCALE first) and with only an upper one."""
+
+    def forward(self, qa: torch.Tensor, qb: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = dq(qa, 0.0213, 3)
+        return (q(torch.clamp(a, -1, 1), 0.0213, 3), q(torch.clamp(a, min=0.3), 0.0177, 9),
+                q(torch.clamp(a, max=-0.2), 0.0213, 3))
+
+
+def test_clamp_bounds() -> None:
+    """Each clamp is one qclamp group; its int8 results are PyTorch's (the bounds are quantized
+    exactly as PyTorch quantizes them; the RESCALE to other quantization is within one)."""
+    ep = torch.export.export(Clamps(), hand_inputs(0))
+    program = torchtosa.to_tosa(ep, target="TOSA-1.0+INT", freeze=True)
+    assert group_ops(program) == ["qclamp"] * 3
+    native = NativeFunction(program.module, program.inputs, program.outputs, name=program.name)
+    qa, qb = hand_inputs(5)
+    got, ref, want = native(qa, qb), program.reference(qa, qb), ep.module()(qa, qb)
+    for g, r, w in zip(got, ref, want, strict=True):
+        assert torch.equal(g, r) and (g.int() - w.int()).abs().max().item() <= 1
+    assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])  # same quantization: exact
+    assert got[0].min().item() == 3 - 47 and got[2].max().item() == 3 - 9  # -1 / 0.0213 and -0.2 / 0.0213, rounded
