@@ -62,8 +62,21 @@ class MulCat(nn.Module):
         return y + b
 
 
+class MulRelu(nn.Module):
+    """mul -> relu (fused by XNNPACK) plus relu6 of a conv (a standalone hardtanh), then a conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2, self.conv3 = nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.conv1(x), self.conv2(x)
+        return self.conv3((a * b).relu() + nn.functional.relu6(b))
+
+
 MODELS = {"residual": (Residual, (8, 4, 8, 8), ["qconv2d", "qconv2d", "qadd"]),
-          "mul_cat": (MulCat, (8, 4, 8, 8), ["qconv2d", "qconv2d", "qmul", "qclamp", "qcat", "qconv2d", "qadd"])}
+          "mul_cat": (MulCat, (8, 4, 8, 8), ["qconv2d", "qconv2d", "qmul", "qclamp", "qcat", "qconv2d", "qadd"]),
+          "mul_relu": (MulRelu, (8, 4, 8, 8), ["qconv2d", "qconv2d", "qmul", "qclamp", "qadd", "qconv2d"])}
 
 
 def group_ops(program: torchtosa.Program) -> list[str]:
