@@ -350,7 +350,10 @@ def _load_patterns(value: Any, name: Located, args: list[Arg]) -> list[Pattern]:
                 text = str(a) if isinstance(a, str) else None
                 if text is not None and text in raw:
                     parsed.append(("node", text))
-                elif isinstance(a, list) and len(a) == 2 and str(a[0]) in raw and str(a[1]) == "...":
+                elif isinstance(a, list) and a and str(a[-1]) == "...":
+                    if len(a) != 2 or str(a[0]) not in raw:
+                        raise _where(a[-1], at).error(f"a list pattern is [node, ...] with one node of this match, "
+                                                      f"not {[str(x) for x in a]}")
                     parsed.append(("each", str(a[0])))
                 elif text is not None and text.startswith("$"):
                     if text[1:] not in arg_names:

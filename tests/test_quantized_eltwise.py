@@ -258,6 +258,9 @@ def test_list_pattern_loads_and_checks_list_arguments(tmp_path: Path) -> None:
     (opdefs / "fam.yaml").write_text(bad)
     with pytest.raises(SpecError, match=r"\$quant_min is bound once per element of \[x, \.\.\.\]: it must be a list"):
         load_specs(opdefs)
+    (opdefs / "fam.yaml").write_text(QCAT.replace("[x, ...]", "[y, ...]", 1))
+    with pytest.raises(SpecError, match=r"a list pattern is \[node, \.\.\.\] with one node of this match"):
+        load_specs(opdefs)
 
 
 class _GroupByGroup(torch.fx.Interpreter):
