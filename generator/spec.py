@@ -311,8 +311,10 @@ class Pattern:
     """A group of graph nodes that one call of a torchtosa op replaces (runtime/quant/patterns.py).
 
     `nodes` maps a node name to (overload, args): each argument is ("node", name) for a
-    producer in the group, ("bind", arg) for an argument of the op, ("any",) or ("lit", value)
-    (a dtype literal is ("dtype", name)). `root` is the node whose value the op computes."""
+    producer in the group, ("each", name) for a list argument whose every element is such a
+    producer (written `[name, ...]`; the op arguments its subtree binds become lists, one value
+    per element), ("bind", arg) for an argument of the op, ("any",) or ("lit", value) (a dtype
+    literal is ("dtype", name)). `root` is the node whose value the op computes."""
 
     op: str
     where: str
@@ -348,6 +350,11 @@ def _load_patterns(value: Any, name: Located, args: list[Arg]) -> list[Pattern]:
                 text = str(a) if isinstance(a, str) else None
                 if text is not None and text in raw:
                     parsed.append(("node", text))
+                elif isinstance(a, list) and a and str(a[-1]) == "...":
+                    if len(a) != 2 or str(a[0]) not in raw:
+                        raise _where(a[-1], at).error(f"a list pattern is [node, ...] with one node of this match, "
+                                                      f"not {[str(x) for x in a]}")
+                    parsed.append(("each", str(a[0])))
                 elif text is not None and text.startswith("$"):
                     if text[1:] not in arg_names:
                         raise _where(a, at).error(f"{text} is not an argument of {name}: {', '.join(arg_names)}")
@@ -369,11 +376,34 @@ def _load_patterns(value: Any, name: Located, args: list[Arg]) -> list[Pattern]:
         for key in fixed:
             if key not in arg_names:
                 raise _where(key, at).error(f"set {key!r}: not an argument of {name}")
+        _check_each(nodes, {a.name: a for a in args}, at)
         missing = [a for a in arg_names if a not in bound and a not in fixed]
         if missing:
             raise at.error(f"the match binds no {', '.join(missing)} ($name in a node, or set:)")
         out.append(Pattern(str(name), at.where, str(root), nodes, {str(k): v for k, v in fixed.items()}))
     return out
+
+
+def _check_each(nodes: dict[str, tuple[str, list[tuple]]], args: dict[str, Arg], at: Located) -> None:
+    """The op arguments bound under a `[name, ...]` list pattern take one value per element:
+    they must be lists in the op's schema (Tensor[], float[], int[])."""
+
+    def under(name: str) -> set[str]:
+        out = {name}
+        for a in nodes[name][1]:
+            if a[0] in ("node", "each"):
+                out |= under(a[1])
+        return out
+
+    for _, parsed in nodes.values():
+        for a in parsed:
+            if a[0] != "each":
+                continue
+            for n in under(a[1]):
+                for b in nodes[n][1]:
+                    if b[0] == "bind" and not args[b[1]].type.endswith("[]"):
+                        raise at.error(f"${b[1]} is bound once per element of [{a[1]}, ...]: "
+                                       f"it must be a list argument, not {args[b[1]].type}")
 
 
 # Operator namespaces an entry may name: aten, prims (core ATen decompositions leave

@@ -790,3 +790,21 @@ def quantize_bias(bias: Sequence[float] | None, input_scale: float, weight_scale
 
 def fits_i32(values: Sequence[int]) -> bool:
     return all(-(1 << 31) <= v < (1 << 31) for v in values)
+
+
+# ---- quantized elementwise ops (opdefs/quantize_eltwise.yaml)
+
+def rescale_bounded(scale: float, bound: Any) -> list[int] | None:
+    """rescale_scale32(scale), or None if it has none or if an input of magnitude up to `bound`
+    (the RESCALE's input less its zero point) could leave [-2^(shift-1), 2^(shift-1)), the
+    range TOSA's apply_scale_32 requires of its value."""
+    ms = rescale_scale32(builtins.float(scale))
+    return ms if ms is not None and bound < (1 << (ms[1] - 1)) else None
+
+
+def quantize_f32(value: float, scale: float, zero_point: int, quant_min: int, quant_max: int) -> int:
+    """One float quantized as PT2E's quantize_per_tensor does it, in f32: clamp(round(f32(value)
+    * (1 / scale)) + zero_point, quant_min, quant_max), rounding half to even."""
+    x = torch.tensor([builtins.float(value)], dtype=torch.float32)
+    q = torch.clamp(torch.round(x * (1.0 / scale)) + zero_point, quant_min, quant_max)
+    return builtins.int(q.item())

@@ -3,12 +3,14 @@
 `rewrite_groups(gm)` tries every pattern (registry.patterns(), rendered from the `match` of
 torchtosa entries such as opdefs/quantize_int.yaml) at every node. A pattern names a small tree
 of nodes by their overloads; each argument of a node is a producer in the tree, an argument
-of the replacing op (`$name`), anything (`_`) or a literal. A fit becomes one call of the op,
-with its arguments converted by the op's schema: a `float[]`/`int[]` argument bound to a node
-takes that node's constant value (a frozen graph's `get_attr`), so the lowering's rules compute
-with the numbers. The call replaces the root only if the entry's own rules accept it
-(check-only, as support.py asks); otherwise the group stays and its nodes are lowered one by
-one (the float path). Nodes of the group that other nodes still use stay in the graph.
+of the replacing op (`$name`), anything (`_`), a literal, or a list whose every element is a
+producer matching one subtree (`[name, ...]`: its `$name`s bind lists, one value per element).
+A fit becomes one call of the op, with its arguments converted by the op's schema: a
+`float[]`/`int[]` argument bound to a node takes that node's constant value (a frozen graph's
+`get_attr`), so the lowering's rules compute with the numbers. The call replaces the root only
+if the entry's own rules accept it (check-only, as support.py asks); otherwise the group stays
+and its nodes are lowered one by one (the float path). Nodes of the group that other nodes
+still use stay in the graph.
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ def _bind(pattern: Pattern, name: str, node: Any, binds: dict[str, Any]) -> dict
         kind = want[0]
         if kind == "node":
             binds = _bind(pattern, want[1], value, binds)
+        elif kind == "each":
+            binds = _bind_each(pattern, want[1], value, binds)
         elif kind == "bind":
             if want[1] in binds and not _same(binds[want[1]], value):
                 raise _NoMatch
@@ -84,6 +88,20 @@ def _bind(pattern: Pattern, name: str, node: Any, binds: dict[str, Any]) -> dict
                 raise _NoMatch
         elif kind == "lit" and not _same(value, want[1]):
             raise _NoMatch
+    return binds
+
+
+def _bind_each(pattern: Pattern, name: str, values: Any, binds: dict[str, Any]) -> dict[str, Any]:
+    """`binds` extended by matching the node `name` at every element of the list `values`:
+    each argument the subtree binds becomes the list of its values, one per element."""
+    if not isinstance(values, (list, tuple)) or not values:
+        raise _NoMatch
+    each = [_bind(pattern, name, v, {}) for v in values]
+    for key in each[0]:
+        value = [b[key] for b in each]
+        if key in binds and not _same(binds[key], value):
+            raise _NoMatch
+        binds = {**binds, key: value}
     return binds
 
 
