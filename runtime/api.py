@@ -25,6 +25,7 @@ from .freeze import freeze as freeze_graph
 from .importer import Program, import_graph
 from .options import MIN_REGION_OPS, Options
 from .quant.patterns import rewrite_groups
+from .quant.uint8 import normalize_uint8
 from .regions import Explanation, NativeRegion, all_native, split, warn_fallbacks
 from .symbolic import evaluator, shape_env_of
 from .target import Target
@@ -115,6 +116,7 @@ def to_tosa(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
     # TOSA): their patterns need the frozen constants, before folding computes them away; a
     # target without the INT profile keeps the float path
     integer = target in (None, "auto") or "INT" in Target.parse(target).profiles
+    normalize_uint8(gm)  # uint8 Q/DQ pairs (X86InductorQuantizer) as the int8 pairs they equal
     groups = rewrite_groups(gm) if freeze and integer else []
     if freeze or target is not None:
         fold_constants(gm)
