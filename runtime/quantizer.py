@@ -15,6 +15,7 @@ annotation kind, and one small annotator per kind writes the QuantizationAnnotat
 - "shared" (pooling, mean, shape ops, standalone relu/hardtanh/clamp): the output shares the
   input's parameters, so the op runs on the int8 values unchanged; annotated only where the
   input is already quantized, so no Q/DQ pair appears around an op on a float tensor.
+- "split" (chunk, split, unbind): each piece (a getitem of the op) shares the input's parameters.
 - "cat": every input and the output share one set of parameters (the first input's).
 
     quantizer = TosaQuantizer()                      # the TOSA config everywhere
@@ -61,6 +62,9 @@ OPS: dict[torch._ops.OpOverload, str] = {
                      aten.squeeze.dims, aten.unsqueeze.default, aten.relu.default, aten.relu_.default,
                      aten.hardtanh.default, aten.hardtanh_.default, aten.relu6.default, aten.clamp.default],
                     "shared"),
+    **dict.fromkeys([aten.slice.Tensor, aten.select.int, aten.expand.default], "shared"),
+    **dict.fromkeys([aten.chunk.default, aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int],
+                    "split"),
     aten.cat.default: "cat",
 }
 
@@ -153,6 +157,16 @@ def _shared(node: fx.Node, config: QuantizationConfig) -> None:
         _annotate(node, {x: config.input_activation}, SharedQuantizationSpec((x, node)))
 
 
+def _split(node: fx.Node, config: QuantizationConfig) -> None:
+    x = node.args[0]
+    if not (_quantized(x) and _is_float(x)):
+        return
+    _annotate(node, {x: config.input_activation})
+    for piece in node.users:
+        if piece.op == "call_function" and piece.target.__name__ == "getitem":
+            _annotate(piece, {}, SharedQuantizationSpec((x, node)))
+
+
 def _cat(node: fx.Node, config: QuantizationConfig) -> None:
     tensors = [t for t in dict.fromkeys(node.args[0]) if isinstance(t, fx.Node)]
     if not tensors or not all(_is_float(t) for t in tensors):
@@ -162,7 +176,8 @@ def _cat(node: fx.Node, config: QuantizationConfig) -> None:
 
 
 ANNOTATORS: dict[str, Callable[[fx.Node, QuantizationConfig], None]] = {
-    "weighted": _weighted, "matmul": _matmul, "binary": _binary, "output": _output, "shared": _shared, "cat": _cat}
+    "weighted": _weighted, "matmul": _matmul, "binary": _binary, "output": _output, "shared": _shared, "split": _split,
+    "cat": _cat}
 
 
 class TosaQuantizer(Quantizer):

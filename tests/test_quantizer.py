@@ -69,7 +69,36 @@ class Block(nn.Module):
         return y * torch.sigmoid(self.dw(y))
 
 
-MODELS = {"mlp": (MLP, (32, 16)), "resnet": (ResNet, (4, 3, 8, 8)), "block": (Block, (4, 3, 8, 8))}
+
+
+class Attention(nn.Module):
+    """layer_norm, q/k/v linears, transpose, matmul, softmax, view, gelu."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.qkv, self.out = nn.LayerNorm(16), nn.Linear(16, 48), nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(self.norm(x)).chunk(3, dim=-1)
+        a = torch.softmax(torch.matmul(q, k.transpose(1, 2)) * 0.25, dim=-1)
+        return nn.functional.gelu(self.out(torch.bmm(a, v).view(x.shape)))
+
+
+class Pools(nn.Module):
+    """conv + relu6 and conv + hardtanh (fused), avg/adaptive pooling, mean, cat, clamp."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.cat([nn.functional.relu6(self.a(x)), nn.functional.hardtanh(self.b(x))], dim=1)
+        y = nn.functional.avg_pool2d(y, 2).clamp(-0.5, 0.5)
+        return nn.functional.adaptive_avg_pool2d(y, 1).flatten(1) + y.mean(dim=(2, 3))
+
+
+MODELS = {"mlp": (MLP, (32, 16)), "resnet": (ResNet, (4, 3, 8, 8)), "block": (Block, (4, 3, 8, 8)),
+          "attention": (Attention, (2, 6, 16)), "pools": (Pools, (2, 3, 8, 8))}
 
 
 def build(cls: type[nn.Module]) -> nn.Module:
@@ -265,7 +294,10 @@ def test_tosa_quantizer_models_to_tosa(name: str) -> None:
     check_each_quantize(ep, shape)
     weighted = [g for g in program.groups if g.op in ("torchtosa.qlinear.default", "torchtosa.qconv2d.default")]
     depthwise = [g for g in weighted if "groups" in g.reason]  # qconv2d lowers groups == 1 only (today)
-    assert len(weighted) == len(calls(ep, aten.linear.default)) + len(calls(ep, aten.conv2d.default))
+    # conv + relu6/hardtanh has no integer pattern yet (quantize_int.yaml fuses relu only)
+    clamped = [n for n in calls(ep, aten.conv2d.default)
+               if {u.target for u in n.users} & {aten.relu6.default, aten.hardtanh.default}]
+    assert len(weighted) == len(calls(ep, aten.linear.default)) + len(calls(ep, aten.conv2d.default)) - len(clamped)
     assert all(g.path == "integer" for g in weighted if g not in depthwise), program.groups
 
 
@@ -286,6 +318,43 @@ def test_tosa_quantizer_config_api() -> None:
     config = get_tosa_quantization_config(per_channel=False)
     ep = quantize(MLP, (4, 16), TosaQuantizer(config))
     assert [n.target for n in ep.graph.nodes if "dequantize_per_channel" in str(n.target)] == []
+
+
+def test_tosa_quantizer_annotation_kinds() -> None:
+    """Every op kind of the table: matmul/bmm quantize both activations, softmax/layer_norm/
+    gelu their output with parameters of their own; chunk's pieces, transposes, views, pooling,
+    mean and clamp share their input's parameters; cat's inputs and output share one set; relu6/hardtanh
+    fuse into the conv before them (no quantize between)."""
+    gm = quantize(Attention, (2, 6, 16), TosaQuantizer()).module()
+    dq = QD.dequantize_per_tensor.default
+    for op in (aten.matmul.default, aten.bmm.default):
+        (node,) = calls(gm, op)
+        assert [a.target for a in node.args] == [dq, dq]
+    for op in (aten.softmax.int, aten.layer_norm.default, aten.gelu.default):
+        (node,) = calls(gm, op)
+        (q,) = node.users
+        assert node.args[0].target == dq and q.target == QD.quantize_per_tensor.default
+        assert q.args[1:3] != node.args[0].args[1:3]  # its own scale and zero point
+    for op in (aten.transpose.int, aten.view.default):
+        for node in calls(gm, op):
+            (q,) = node.users
+            assert q.args[1:] == node.args[0].args[1:]
+    (chunk,) = calls(gm, aten.chunk.default)  # each piece shares the input's parameters
+    assert [next(iter(p.users)).args[1:] for p in chunk.users] == [chunk.args[0].args[1:]] * 3
+    gm = quantize(Pools, (2, 3, 8, 8), TosaQuantizer()).module()
+    for conv in calls(gm, aten.conv2d.default):
+        (act,) = conv.users
+        assert act.target in (aten.hardtanh.default, aten.relu6.default)
+        assert [u.target for u in act.users] == [QD.quantize_per_tensor.default]
+    (cat,) = calls(gm, aten.cat.default)
+    (q,) = cat.users
+    assert all(d.args[1:] == q.args[1:] for d in cat.args[0])
+    for op in (aten.avg_pool2d.default, aten.clamp.default, aten.adaptive_avg_pool2d.default, aten.mean.dim):
+        (node,) = calls(gm, op)
+        qs = [u for u in node.users if u.target == QD.quantize_per_tensor.default]
+        assert qs and all(q.args[1:] == node.args[0].args[1:] for q in qs), op
+    (add,) = calls(gm, aten.add.Tensor)
+    assert [u.target for u in add.users] == [QD.quantize_per_tensor.default]
 
 
 # ---- uint8 activations (X86InductorQuantizer) as int8
