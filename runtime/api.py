@@ -116,7 +116,6 @@ def to_tosa(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
     # TOSA): their patterns need the frozen constants, before folding computes them away; a
     # target without the INT profile keeps the float path
     integer = target in (None, "auto") or "INT" in Target.parse(target).profiles
-    normalize_uint8(gm)  # uint8 Q/DQ pairs (X86InductorQuantizer) as the int8 pairs they equal
     groups = rewrite_groups(gm) if freeze and integer else []
     if freeze or target is not None:
         fold_constants(gm)
@@ -158,8 +157,11 @@ def _capture(fn: Any, args: tuple, kwargs: dict) -> Captured:
     if isinstance(fn, torch.export.ExportedProgram):
         if args or kwargs:
             raise TypeError("an ExportedProgram carries its own example inputs; pass no arguments")
-        return capture_exported(fn)
-    return capture(fn, args, kwargs)
+        captured = capture_exported(fn)
+    else:
+        captured = capture(fn, args, kwargs)
+    normalize_uint8(captured.gm)  # uint8 Q/DQ pairs (X86InductorQuantizer) as the int8 pairs they equal
+    return captured
 
 
 def compile_graph(gm: torch.fx.GraphModule, options: Options,

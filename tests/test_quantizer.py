@@ -488,3 +488,13 @@ def test_x86_mlp_uint8_integer_path() -> None:
                          for a in dw.args))
     bound = dq.args[1] * weight.abs().sum(1) + 1e-5
     assert ((got - ep.module()(x)).abs() <= bound).all()
+
+
+def test_x86_convnet_compile() -> None:
+    """torchtosa.compile (not frozen: the float Q/DQ path) takes the normalized int8 pairs too:
+    every op native, every output equal to PyTorch's (the float path is exact here)."""
+    shape = (4, 3, 8, 8)
+    ep = quantize(X86ConvNet, shape, x86_quantizer())
+    fn = torchtosa.compile(ep, fallback="error")
+    x = torch.randn(shape)
+    check_quanta(fn(x), ep.module()(x), last_scale(ep))
