@@ -26,6 +26,7 @@ from .importer import Program, import_graph
 from .options import MIN_REGION_OPS, Options
 from .quant.edges import integer_edges
 from .quant.patterns import rewrite_groups
+from .quant.uint8 import normalize_uint8
 from .regions import Explanation, NativeRegion, all_native, split, warn_fallbacks
 from .symbolic import evaluator, shape_env_of
 from .target import Target
@@ -168,8 +169,11 @@ def _capture(fn: Any, args: tuple, kwargs: dict) -> Captured:
     if isinstance(fn, torch.export.ExportedProgram):
         if args or kwargs:
             raise TypeError("an ExportedProgram carries its own example inputs; pass no arguments")
-        return capture_exported(fn)
-    return capture(fn, args, kwargs)
+        captured = capture_exported(fn)
+    else:
+        captured = capture(fn, args, kwargs)
+    normalize_uint8(captured.gm)  # uint8 Q/DQ pairs (X86InductorQuantizer) as the int8 pairs they equal
+    return captured
 
 
 def compile_graph(gm: torch.fx.GraphModule, options: Options,

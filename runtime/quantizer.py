@@ -1,0 +1,236 @@
+"""TosaQuantizer: a PT2E quantizer (torchao) for TOSA's integer profile.
+
+int8 activations per tensor (asymmetric, [-128, 127]), int8 weights per output channel
+(symmetric, [-127, 127], axis 0 of conv and linear weights, depthwise too), float bias (the
+integer lowering quantizes it to int32 at input_scale * weight_scale). What is quantized is
+data: `OPS` maps each aten overload (as `torch.export.export(...).module()` has it) to an
+annotation kind, and one small annotator per kind writes the QuantizationAnnotations:
+
+- "weighted" (conv, linear): input and weight quantized; the output, or that of a fused
+  activation (`FUSED`) that is the op's only user, so the graph reads DQ -> conv -> relu -> Q.
+- "binary" (add, sub, mul) and "matmul" (matmul, bmm of two activations): every tensor input
+  and the output (binary: after a fused relu) quantized.
+- "output" (sigmoid, tanh, hardswish, gelu, silu, softmax, layer_norm): input and output
+  quantized, each with its own parameters (TABLE-style ops).
+- "shared" (pooling, mean, shape ops, standalone relu/hardtanh/clamp): the output shares the
+  input's parameters, so the op runs on the int8 values unchanged; annotated only where the
+  input is already quantized, so no Q/DQ pair appears around an op on a float tensor.
+- "split" (chunk, split, unbind): each piece (a getitem of the op) shares the input's parameters.
+- "cat": every input and the output share one set of parameters (the first input's).
+
+    quantizer = TosaQuantizer()                      # the TOSA config everywhere
+    quantizer.set_operator_type(torch.ops.aten.gelu.default, None)   # keep gelu float
+    prepared = prepare_pt2e(torch.export.export(model, args).module(), quantizer)
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import torch
+import torch.fx as fx
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # torchao's optional CUDA extensions warn on import
+    from torchao.quantization.pt2e import HistogramObserver, MinMaxObserver, PerChannelMinMaxObserver
+    from torchao.quantization.pt2e.quantizer import (
+        QuantizationAnnotation,
+        QuantizationSpec,
+        Quantizer,
+        SharedQuantizationSpec,
+    )
+    from torchao.quantization.pt2e.quantizer.utils import QuantizationConfig, get_module_name_filter
+
+__all__ = ["FUSED", "OPS", "TosaQuantizer", "get_tosa_quantization_config"]
+
+aten = torch.ops.aten
+_KEY = "quantization_annotation"
+
+# The annotation kind of each op TOSA's integer profile runs.
+OPS: dict[torch._ops.OpOverload, str] = {
+    **dict.fromkeys([aten.conv1d.default, aten.conv2d.default, aten.linear.default], "weighted"),
+    **dict.fromkeys([aten.matmul.default, aten.bmm.default], "matmul"),
+    **dict.fromkeys([aten.add.Tensor, aten.add_.Tensor, aten.sub.Tensor, aten.sub_.Tensor,
+                     aten.mul.Tensor, aten.mul_.Tensor], "binary"),
+    **dict.fromkeys([aten.sigmoid.default, aten.tanh.default, aten.hardswish.default, aten.hardswish_.default,
+                     aten.hardsigmoid.default, aten.gelu.default, aten.silu.default, aten.silu_.default,
+                     aten.softmax.int, aten.layer_norm.default], "output"),
+    **dict.fromkeys([aten.max_pool2d.default, aten.avg_pool2d.default, aten.adaptive_avg_pool2d.default,
+                     aten.mean.dim, aten.view.default, aten.reshape.default, aten.flatten.using_ints,
+                     aten.permute.default, aten.transpose.int, aten.t.default, aten.squeeze.dim,
+                     aten.squeeze.dims, aten.unsqueeze.default, aten.relu.default, aten.relu_.default,
+                     aten.hardtanh.default, aten.hardtanh_.default, aten.relu6.default, aten.clamp.default],
+                    "shared"),
+    **dict.fromkeys([aten.slice.Tensor, aten.select.int, aten.expand.default], "shared"),
+    **dict.fromkeys([aten.chunk.default, aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int],
+                    "split"),
+    aten.cat.default: "cat",
+}
+
+# Activations fused into the op before them: the group's output is the activation's.
+FUSED: dict[str, frozenset[torch._ops.OpOverload]] = {
+    "weighted": frozenset([aten.relu.default, aten.relu_.default, aten.hardtanh.default, aten.hardtanh_.default,
+                           aten.relu6.default]),
+    "binary": frozenset([aten.relu.default, aten.relu_.default]),
+}
+
+
+def get_tosa_quantization_config(per_channel: bool = True,
+                                 activation_observer: type = HistogramObserver) -> QuantizationConfig:
+    """TOSA INT's scheme: int8 activations per tensor, asymmetric in [-128, 127]; int8
+    weights symmetric in [-127, 127], per output channel (axis 0) or per tensor; bias float."""
+    eps = 2.0 ** -12  # the smallest scale (as torchao's XNNPACK config)
+    activation = QuantizationSpec(
+        dtype=torch.int8, quant_min=-128, quant_max=127, qscheme=torch.per_tensor_affine, is_dynamic=False,
+        observer_or_fake_quant_ctr=activation_observer.with_args(eps=eps))
+    if per_channel:
+        weight_observer, qscheme = PerChannelMinMaxObserver, torch.per_channel_symmetric
+    else:
+        weight_observer, qscheme = MinMaxObserver, torch.per_tensor_symmetric
+    weight = QuantizationSpec(
+        dtype=torch.int8, quant_min=-127, quant_max=127, qscheme=qscheme, ch_axis=0 if per_channel else None,
+        is_dynamic=False, observer_or_fake_quant_ctr=weight_observer.with_args(eps=eps))
+    return QuantizationConfig(activation, activation, weight, None)
+
+
+def _annotated(node: fx.Node) -> bool:
+    annotation = node.meta.get(_KEY)
+    return annotation is not None and annotation._annotated
+
+
+def _quantized(node: object) -> bool:
+    """Whether the node's output is quantized (its annotation has an output spec)."""
+    annotation = node.meta.get(_KEY) if isinstance(node, fx.Node) else None
+    return annotation is not None and annotation.output_qspec is not None
+
+
+def _is_float(node: object) -> bool:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.dtype.is_floating_point
+
+
+def _annotate(node: fx.Node, inputs: dict[fx.Node, object], output: object = None) -> None:
+    node.meta[_KEY] = QuantizationAnnotation(input_qspec_map=inputs, output_qspec=output, _annotated=True)
+
+
+def _fused(node: fx.Node, kind: str) -> fx.Node:
+    """The activation fused into `node` (its only user, of a kind FUSED allows), or node."""
+    users = list(node.users)
+    if len(users) == 1 and users[0].op == "call_function" and users[0].target in FUSED.get(kind, ()) \
+            and not _annotated(users[0]):
+        return users[0]
+    return node
+
+
+def _weighted(node: fx.Node, config: QuantizationConfig) -> None:
+    x, w = node.args[0], node.args[1]
+    out = _fused(node, "weighted")
+    inputs = {x: config.input_activation, w: config.weight}
+    _annotate(node, inputs, None if out is not node else config.output_activation)
+    if out is not node:
+        _annotate(out, {}, config.output_activation)
+
+
+def _matmul(node: fx.Node, config: QuantizationConfig) -> None:
+    _annotate(node, {a: config.input_activation for a in node.args[:2] if _is_float(a)}, config.output_activation)
+
+
+def _binary(node: fx.Node, config: QuantizationConfig) -> None:
+    inputs = {a: config.input_activation for a in node.args[:2] if _is_float(a)}
+    if not inputs:
+        return
+    out = _fused(node, "binary")
+    _annotate(node, inputs, None if out is not node else config.output_activation)
+    if out is not node:
+        _annotate(out, {}, config.output_activation)
+
+
+def _output(node: fx.Node, config: QuantizationConfig) -> None:
+    if _is_float(node.args[0]):
+        _annotate(node, {node.args[0]: config.input_activation}, config.output_activation)
+
+
+def _shared(node: fx.Node, config: QuantizationConfig) -> None:
+    x = node.args[0]
+    if _quantized(x) and _is_float(x):  # the producer's observer serves both (implicit sharing)
+        _annotate(node, {x: config.input_activation}, SharedQuantizationSpec((x, node)))
+
+
+def _split(node: fx.Node, config: QuantizationConfig) -> None:
+    x = node.args[0]
+    if not (_quantized(x) and _is_float(x)):
+        return
+    _annotate(node, {x: config.input_activation})
+    for piece in node.users:
+        if piece.op == "call_function" and piece.target.__name__ == "getitem":
+            _annotate(piece, {}, SharedQuantizationSpec((x, node)))
+
+
+def _cat(node: fx.Node, config: QuantizationConfig) -> None:
+    tensors = [t for t in dict.fromkeys(node.args[0]) if isinstance(t, fx.Node)]
+    if not tensors or not all(_is_float(t) for t in tensors):
+        return
+    first, shared = tensors[0], SharedQuantizationSpec((tensors[0], node))
+    _annotate(node, {first: config.input_activation, **dict.fromkeys(tensors[1:], shared)}, shared)
+
+
+ANNOTATORS: dict[str, Callable[[fx.Node, QuantizationConfig], None]] = {
+    "weighted": _weighted, "matmul": _matmul, "binary": _binary, "output": _output, "shared": _shared, "split": _split,
+    "cat": _cat}
+
+
+class TosaQuantizer(Quantizer):
+    """Annotates a `torch.export(...).module()` graph for TOSA's integer profile (see module
+    docstring). A config is looked up by module name (`set_module_name`), then by operator
+    (`set_operator_type`), then the global one (`set_global`); None leaves an op float."""
+
+    def __init__(self, config: QuantizationConfig | None = None) -> None:
+        super().__init__()
+        self.global_config = get_tosa_quantization_config() if config is None else config
+        self.operator_type_config: dict[torch._ops.OpOverload, QuantizationConfig | None] = {}
+        self.module_name_config: dict[str, QuantizationConfig | None] = {}
+
+    def set_global(self, config: QuantizationConfig | None) -> TosaQuantizer:
+        self.global_config = config
+        return self
+
+    def set_operator_type(self, op: torch._ops.OpOverload | torch._ops.OpOverloadPacket,
+                          config: QuantizationConfig | None) -> TosaQuantizer:
+        """`config` for an overload, or for every overload of a packet (torch.ops.aten.add)."""
+        overloads = [getattr(op, o) for o in op.overloads()] if isinstance(op, torch._ops.OpOverloadPacket) else [op]
+        for overload in overloads:
+            self.operator_type_config[overload] = config
+        return self
+
+    def set_module_name(self, name: str, config: QuantizationConfig | None) -> TosaQuantizer:
+        """`config` for the ops of the submodule at this path ("blocks.0.fc")."""
+        self.module_name_config[name] = config
+        return self
+
+    def config_for(self, node: fx.Node) -> QuantizationConfig | None:
+        for name, config in self.module_name_config.items():
+            if get_module_name_filter(name)(node):
+                return config
+        return self.operator_type_config.get(node.target, self.global_config)
+
+    def annotate(self, model: fx.GraphModule) -> fx.GraphModule:
+        """Annotate each op of `OPS` in graph order (a fused activation or a shared op after
+        an annotated producer sees its producer's annotation)."""
+        for node in model.graph.nodes:
+            kind = OPS.get(node.target) if node.op == "call_function" else None
+            if kind is None or _annotated(node):
+                continue
+            config = self.config_for(node)
+            if config is not None:
+                ANNOTATORS[kind](node, config)
+        return model
+
+    def validate(self, model: fx.GraphModule) -> None:
+        """Per-channel specs are symmetric: TOSA's integer ops take weights with zero point 0."""
+        for node in model.graph.nodes:
+            annotation = node.meta.get(_KEY)
+            specs = [] if annotation is None else list(annotation.input_qspec_map.values())
+            for spec in specs:
+                if isinstance(spec, QuantizationSpec) and spec.qscheme == torch.per_channel_affine:
+                    raise ValueError(f"{node.name}: per-channel weights must be symmetric for TOSA ({spec.qscheme})")
