@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 ENV = "TORCHTOSA_VELA"
 VERSION = "5.2.0"  # the ethos-u-vela release `make vela` installs (keep in step with the Makefile)
 ACCELERATOR = "ethos-u85-256"
+CONFIG = "Arm/vela.ini"  # Vela's own file of system configurations and memory modes
 TIMEOUT = 600.0  # seconds Vela may run
 
 # "NPU operators = 4 (100.0%)", and with --show-cpu-operations one line per op:
@@ -97,8 +98,10 @@ def compile(network: Program | str | os.PathLike[str], *, accelerator: str = ACC
     file) with Vela for `accelerator` (`--accelerator-config`), and read its report.
 
     `output_dir` keeps what Vela writes (the compiled `<name>_vela.tflite`, the summary CSV);
-    None uses a temporary directory. `system_config`, `memory_mode` and `options` (more
-    arguments) are passed on to Vela. VelaError if Vela is missing, fails or rejects the network
+    None uses a temporary directory. `system_config` and `memory_mode` are sections of Vela's
+    `Arm/vela.ini` ("Ethos_U85_SYS_Flash_High", "Shared_Sram"; Vela's defaults for the
+    accelerator if both are None: Ethos_U85_SYS_DRAM_Mid, Dedicated_Sram_384KB); `options` are
+    more arguments for Vela. VelaError if Vela is missing, fails or rejects the network
     (its message and `.ops`, the ops it could not place)."""
     program = executable()
     with tempfile.TemporaryDirectory(prefix="torchtosa-vela-") as tmp:
@@ -113,8 +116,9 @@ def compile(network: Program | str | os.PathLike[str], *, accelerator: str = ACC
         out.mkdir(parents=True, exist_ok=True)
         command = [str(program), str(source), "--accelerator-config", accelerator, "--output-dir", str(out),
                    "--show-cpu-operations"]
-        command += ["--system-config", system_config] if system_config else []
-        command += ["--memory-mode", memory_mode] if memory_mode else []
+        if system_config or memory_mode:  # Vela takes them from a config file, and then needs both
+            command += ["--config", CONFIG, "--system-config", system_config or _default(accelerator, "system"),
+                        "--memory-mode", memory_mode or _default(accelerator, "memory")]
         command += list(options)
         done = _run(command, timeout)
         summaries = sorted(out.glob(f"{source.stem}_summary_*.csv"))
@@ -124,6 +128,17 @@ def compile(network: Program | str | os.PathLike[str], *, accelerator: str = ACC
         compiled = out / f"{source.stem}_vela.tflite"
         return report(summaries[-1], done.stdout,
                       compiled if output_dir is not None and compiled.is_file() else None)
+
+
+def _default(accelerator: str, kind: str) -> str:
+    """Vela's default system configuration or memory mode for an accelerator (architecture_features.py of 5.2.0)."""
+    family = accelerator.split("-")[1]  # "u85"
+    defaults = {"u55": ("Ethos_U55_High_End_Embedded", "Shared_Sram"),
+                "u65": ("Ethos_U65_Client_Server", "Dedicated_Sram_384KB"),
+                "u85": ("Ethos_U85_SYS_DRAM_Mid", "Dedicated_Sram_384KB")}
+    if family not in defaults:
+        raise VelaError(f"unknown accelerator {accelerator!r}: Vela's are ethos-u55-*, ethos-u65-*, ethos-u85-*")
+    return defaults[family][0 if kind == "system" else 1]
 
 
 def _run(command: list[str], timeout: float) -> subprocess.CompletedProcess[str]:

@@ -67,13 +67,20 @@ def test_int8_models_compile_on_the_npu(int8_model: tuple, tmp_path: Path) -> No
 
 
 def test_a_saved_file_and_other_accelerators(int8_model: tuple, tmp_path: Path) -> None:
-    """A .tosa path compiles like the Program; a bigger Ethos-U85 needs no more cycles."""
+    """A .tosa path compiles like the Program; a bigger Ethos-U85 needs no more cycles; with
+    the weights in flash (Shared_Sram), the report counts flash and no DRAM."""
     _, program, _, _ = int8_model
     program.save(tmp_path / "model.tosa")
     small = vela.compile(tmp_path / "model.tosa")
     assert small.network == "model" and small.output is None and small.all_on_npu
+    assert (small.system_config, small.memory_mode) == ("Ethos_U85_SYS_DRAM_Mid", "Dedicated_Sram_384KB")
     big = vela.compile(str(tmp_path / "model.tosa"), accelerator="ethos-u85-1024")
     assert big.accelerator == "Ethos_U85_1024" and 0 < big.cycles <= small.cycles
+    flash = vela.compile(tmp_path / "model.tosa", system_config="Ethos_U85_SYS_Flash_High", memory_mode="Shared_Sram")
+    assert (flash.system_config, flash.memory_mode) == ("Ethos_U85_SYS_Flash_High", "Shared_Sram")
+    assert flash.off_chip_flash_used > 0 and flash.dram_used == 0 and flash.all_on_npu
+    with pytest.raises(torchtosa.VelaError, match=r"vela failed \(exit status \d+\).*NoSuchConfig"):
+        vela.compile(tmp_path / "model.tosa", system_config="NoSuchConfig")
 
 
 def test_folded_flatbuffer_is_exact(int8_model: tuple, tmp_path: Path) -> None:
