@@ -153,7 +153,8 @@ def fold_layout(fn: ir.OpView) -> None:
     """Simplify the layout ops of `fn` in place, exactly (values are only moved, never computed):
     a `tosa.transpose` or `tosa.reshape` of a `tosa.const` becomes a constant; a transpose of a
     transpose is one transpose, a reshape of a reshape one reshape; one that keeps the order
-    (identity perms) or the shape is dropped. Ops left unused are erased.
+    (identity perms) or the shape is dropped; only ops of a static shape are dropped or folded.
+    Ops left unused are erased.
 
     TOSA's own folders are not used: MLIR's greedy driver would fold arithmetic too, which is not
     IEEE-exact (x * 0.0 to 0). Without this an int8 conv's OHWI weight is a transpose of the
@@ -180,10 +181,12 @@ def fold_layout(fn: ir.OpView) -> None:
             op.operands[0] = source
             producer = _producer(source)
         result = op.results[0]
+        if not ir.ShapedType(result.type).has_static_shape:  # two `?` sizes may swap their values
+            continue
         if source.type == result.type and (name == "tosa.reshape" or perms == sorted(perms)):
             result.replace_all_uses_with(source)
         elif producer is not None and producer.name == "tosa.const":
-            folded = _moved(ir.DenseElementsAttr(producer.attributes["values"]), result.type,
+            folded = _moved(producer.attributes["values"], result.type,
                             perms if name == "tosa.transpose" else None)
             if folded is not None:
                 with ir.InsertionPoint(op):
@@ -205,10 +208,14 @@ def _producer(value: ir.Value) -> ir.Operation | None:
     return owner.operation if isinstance(owner, ir.OpView) else owner if isinstance(owner, ir.Operation) else None
 
 
-def _moved(values: ir.DenseElementsAttr, result: ir.RankedTensorType,
-           perms: list[int] | None) -> ir.DenseElementsAttr | None:
-    """The constant `values` transposed by `perms` (None: reshaped) to type `result`; None if
-    its element type is one fold_layout leaves alone."""
+def _moved(attr: ir.Attribute, result: ir.RankedTensorType, perms: list[int] | None) -> ir.DenseElementsAttr | None:
+    """The constant `attr` transposed by `perms` (None: reshaped) to type `result`; None if it
+    is not a dense elements attribute (a `dense_resource`) or its element type is one
+    fold_layout leaves alone."""
+    try:
+        values = ir.DenseElementsAttr(attr)
+    except ValueError:
+        return None
     if values.is_splat:
         return ir.DenseElementsAttr.get_splat(result, values.get_splat_value())
     dtype = _NUMPY.get(str(result.element_type))

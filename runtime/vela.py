@@ -21,6 +21,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +77,23 @@ class VelaReport:
     def all_on_npu(self) -> bool:
         """Every op placed on the NPU (and at least one op)."""
         return bool(self.npu_ops) and not self.cpu_ops
+
+    def summary(self) -> str:
+        """A few lines for a person: placement, cycles and time, memory."""
+
+        def kinds(ops: list[str]) -> str:
+            counts = Counter(ops)
+            return f" ({', '.join(f'{n} {k}' for k, n in sorted(counts.items()))})" if ops else ""
+
+        return "\n".join([
+            f"Vela: {self.network} on {self.accelerator} ({self.system_config}, {self.memory_mode})",
+            f"ops: {len(self.npu_ops)} on the NPU{kinds(self.npu_ops)}, {len(self.cpu_ops)} on the CPU"
+            f"{kinds(self.cpu_ops)}",
+            f"cycles: {self.cycles:,} (NPU {self.npu_cycles:,}), inference time {self.inference_time * 1e6:.2f} us, "
+            f"{self.macs:,} MACs",
+            f"memory: SRAM {self.sram_used:.2f} KiB, DRAM {self.dram_used:.2f} KiB, flash "
+            f"{self.on_chip_flash_used + self.off_chip_flash_used:.2f} KiB; weights {self.weights_original:,} bytes, "
+            f"{self.weights_encoded:,} encoded"])
 
 
 def executable() -> Path:

@@ -186,3 +186,39 @@ def test_not_a_tosa_file(tmp_path: Path) -> None:
     (tmp_path / "model.mlir").write_text(LAYOUT)
     with pytest.raises(torchtosa.VelaError, match=r"Vela reads TOSA flatbuffers: .*model.mlir is not a .tosa file"):
         vela.compile(tmp_path / "model.mlir")
+
+
+CLI_MODELS = """
+import torch
+
+
+def gray(x):
+    return torch.bitwise_xor(x, x >> 1)
+
+
+def squash(x):
+    return torch.tanh(x)
+"""
+
+
+@pytest.mark.parametrize(("args", "status", "printed"), [
+    (["m:gray", "--input", "4x16:i32:-100..100", "--target", "TOSA-1.0+INT", "--emit", "tosa", "-o", "g.tosa",
+      "--vela"], 0, "ops: 2 on the NPU (1 Asr, 1 Xor), 0 on the CPU"),
+    (["m:gray", "--input", "4x16:i32", "--emit", "tosa", "-o", "g.tosa", "--vela", "ethos-u85-2048"], 0,
+     "Vela: g on Ethos_U85_2048"),
+    (["m:squash", "--input", "4x16:f32", "--emit", "tosa", "-o", "s.tosa", "--vela"], 1,
+     "Vela rejected s.tosa for ethos-u85-256 (ops it can't place: Tanh)"),
+    (["m:gray", "--input", "4x16:i32", "--emit", "mlir", "--vela"], 2, "use it with --emit tosa"),
+])
+def test_cli_export_vela(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                         args: list[str], status: int, printed: str) -> None:
+    """`torchtosa export ... --emit tosa --vela [ACCELERATOR]` prints Vela's estimate."""
+    from torchtosa import cli
+
+    (tmp_path / "m.py").write_text(CLI_MODELS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    got = cli.main(["export", *args])
+    out, err = capsys.readouterr()
+    assert got == status, err
+    assert printed in (out if status == 0 else err)
