@@ -17,7 +17,7 @@ VELA_VERSION := 5.2.0
 VELA   := .vela
 VELA_STAMP := $(VELA)/.installed-$(VELA_VERSION)
 
-.PHONY: all setup tosa-tools vela gen demo test lint bench coverage corpus fuzz reference clean
+.PHONY: all setup tosa-tools vela vela-report gen demo test lint bench coverage corpus fuzz reference clean
 
 all: test
 
@@ -75,6 +75,10 @@ bench: $(GEN)
 
 coverage: $(GEN)
 	$(PY) scripts/coverage.py
+
+# docs/vela.md's table of Vela's estimates for the int8 models
+vela-report: $(GEN) $(TOOLS_STAMP) $(VELA_STAMP)
+	$(PY) scripts/vela_report.py
 
 corpus: $(GEN)
 	$(PY) scripts/corpus.py

@@ -7,7 +7,7 @@ stripped (`int8_edges`: int8 in, int8 out), and it is lowered with
 each accelerator and system configuration of `CONFIGS`. The rows between the markers of
 docs/vela.md are replaced (`--check`: exit 1 if they would change; `--print`: print them only).
 
-    .venv/bin/python scripts/vela_report.py      # needs `make vela` and `make tosa-tools`
+    make vela-report      # or .venv/bin/python scripts/vela_report.py (needs make vela, make tosa-tools)
 """
 
 from __future__ import annotations
