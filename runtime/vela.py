@@ -115,23 +115,24 @@ def compile(network: Program | str | os.PathLike[str], *, accelerator: str = ACC
     """Compile `network` (a Program, saved as a TOSA flatbuffer named after it, or a `.tosa`
     file) with Vela for `accelerator` (`--accelerator-config`), and read its report.
 
-    `output_dir` keeps what Vela writes (the compiled `<name>_vela.tflite`, the summary CSV);
-    None uses a temporary directory. `system_config` and `memory_mode` are sections of Vela's
-    `Arm/vela.ini` ("Ethos_U85_SYS_Flash_High", "Shared_Sram"; Vela's defaults for the
-    accelerator if both are None: Ethos_U85_SYS_DRAM_Mid, Dedicated_Sram_384KB); `options` are
-    more arguments for Vela. VelaError if Vela is missing, fails or rejects the network
-    (its message and `.ops`, the ops it could not place)."""
+    `output_dir` keeps what Vela writes (the compiled `<name>_vela.tflite`, the summary CSV)
+    and a Program's `.tosa` file; None uses a temporary directory. `system_config` and
+    `memory_mode` are sections of Vela's `Arm/vela.ini` ("Ethos_U85_SYS_Flash_High",
+    "Shared_Sram"; Vela's defaults for the accelerator if both are None: for Ethos-U85
+    Ethos_U85_SYS_DRAM_Mid, Dedicated_Sram_384KB); `options` are more arguments for Vela.
+    VelaError if Vela is missing, fails or rejects the network (its message and `.ops`, the ops
+    it could not place)."""
     program = executable()
+    if isinstance(network, str | os.PathLike) and not (Path(network).suffix == ".tosa" and Path(network).is_file()):
+        raise VelaError(f"Vela reads TOSA flatbuffers: {network} is not a .tosa file")
     with tempfile.TemporaryDirectory(prefix="torchtosa-vela-") as tmp:
-        if isinstance(network, str | os.PathLike):
-            source = Path(network)
-            if source.suffix != ".tosa" or not source.is_file():
-                raise VelaError(f"Vela reads TOSA flatbuffers: {source} is not a .tosa file")
-        else:
-            source = Path(tmp) / f"{network.name}.tosa"
-            network.save(source)
         out = Path(output_dir) if output_dir is not None else Path(tmp) / "out"
         out.mkdir(parents=True, exist_ok=True)
+        if isinstance(network, str | os.PathLike):
+            source = Path(network)
+        else:
+            source = out / f"{network.name}.tosa"
+            network.save(source)
         command = [str(program), str(source), "--accelerator-config", accelerator, "--output-dir", str(out),
                    "--show-cpu-operations"]
         if system_config or memory_mode:  # Vela takes them from a config file, and then needs both

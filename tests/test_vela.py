@@ -64,6 +64,7 @@ def test_int8_models_compile_on_the_npu(int8_model: tuple, tmp_path: Path) -> No
         assert report.weights_original > 0 and report.weights_encoded > 0
     assert report.output == tmp_path / f"{program.name}_vela.tflite" and report.output.stat().st_size > 0
     assert list(tmp_path.glob(f"{program.name}_summary_*.csv"))
+    assert torchtosa.load(tmp_path / f"{program.name}.tosa").inputs == program.inputs
 
 
 def test_a_saved_file_and_other_accelerators(int8_model: tuple, tmp_path: Path) -> None:
