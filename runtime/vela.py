@@ -139,13 +139,15 @@ def compile(network: Program | str | os.PathLike[str], *, accelerator: str = ACC
             command += ["--config", CONFIG, "--system-config", system_config or _default(accelerator, "system"),
                         "--memory-mode", memory_mode or _default(accelerator, "memory")]
         command += list(options)
+        for stale in out.glob(f"{source.stem}_summary_*.csv"):  # of an earlier run, maybe another system
+            stale.unlink()
         done = _run(command, timeout)
         summaries = sorted(out.glob(f"{source.stem}_summary_*.csv"))
-        if not summaries:
-            raise VelaError(f"Vela wrote no summary for {source.name} in {out}: {shlex.join(command)}\n"
+        if len(summaries) != 1:
+            raise VelaError(f"Vela wrote {len(summaries)} summaries for {source.name} in {out}: {shlex.join(command)}\n"
                             + tosa_tools.tail(done.stdout + done.stderr))
         compiled = out / f"{source.stem}_vela.tflite"
-        return report(summaries[-1], done.stdout,
+        return report(summaries[0], done.stdout,
                       compiled if output_dir is not None and compiled.is_file() else None)
 
 

@@ -77,9 +77,12 @@ def test_a_saved_file_and_other_accelerators(int8_model: tuple, tmp_path: Path) 
     assert (small.system_config, small.memory_mode) == ("Ethos_U85_SYS_DRAM_Mid", "Dedicated_Sram_384KB")
     big = vela.compile(str(tmp_path / "model.tosa"), accelerator="ethos-u85-1024")
     assert big.accelerator == "Ethos_U85_1024" and 0 < big.cycles <= small.cycles
-    flash = vela.compile(tmp_path / "model.tosa", system_config="Ethos_U85_SYS_Flash_High", memory_mode="Shared_Sram")
+    flash = vela.compile(tmp_path / "model.tosa", system_config="Ethos_U85_SYS_Flash_High", memory_mode="Shared_Sram",
+                         output_dir=tmp_path / "out")
     assert (flash.system_config, flash.memory_mode) == ("Ethos_U85_SYS_Flash_High", "Shared_Sram")
     assert flash.off_chip_flash_used > 0 and flash.dram_used == 0 and flash.all_on_npu
+    again = vela.compile(tmp_path / "model.tosa", output_dir=tmp_path / "out")  # not the earlier summary
+    assert again.system_config == "Ethos_U85_SYS_DRAM_Mid" and again.cycles == small.cycles
     with pytest.raises(torchtosa.VelaError, match=r"vela failed \(exit status \d+\).*NoSuchConfig"):
         vela.compile(tmp_path / "model.tosa", system_config="NoSuchConfig")
 
