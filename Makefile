@@ -12,8 +12,12 @@ SPECS  := $(wildcard opdefs/*.yaml) $(wildcard generator/*.py generator/*.lark g
 TOSA_TOOLS_VERSION := 2026.8.0
 TOOLS  := .tosa-tools
 TOOLS_STAMP := $(TOOLS)/.installed-$(TOSA_TOOLS_VERSION)
+# Arm's Ethos-U compiler Vela (keep in step with runtime/vela.py): a venv of its own in .vela/
+VELA_VERSION := 5.2.0
+VELA   := .vela
+VELA_STAMP := $(VELA)/.installed-$(VELA_VERSION)
 
-.PHONY: all setup tosa-tools gen demo test lint bench coverage corpus fuzz reference clean
+.PHONY: all setup tosa-tools vela vela-report gen demo test lint bench coverage corpus fuzz reference clean
 
 all: test
 
@@ -39,6 +43,17 @@ $(TOOLS_STAMP): | $(STAMP)
 
 tosa-tools: $(TOOLS_STAMP)
 
+# A venv of its own, not ours: Vela pins its own numpy and flatbuffers. Only its `vela` program is run.
+$(VELA_STAMP):
+	rm -rf $(VELA)
+	$(PYTHON) -m venv $(VELA)
+	$(VELA)/bin/python -m pip install -q --upgrade pip
+	$(VELA)/bin/python -m pip install -q ethos-u-vela==$(VELA_VERSION)
+	$(VELA)/bin/vela --version
+	touch $@
+
+vela: $(VELA_STAMP)
+
 $(GEN): $(STAMP) $(SPECS)
 	$(PY) -m generator
 
@@ -52,7 +67,7 @@ lint: $(GEN)
 	$(PY) -m ruff check generator runtime tests scripts
 	$(PY) -m generator --check
 
-test: lint $(TOOLS_STAMP)
+test: lint $(TOOLS_STAMP) $(VELA_STAMP)
 	$(PY) -m pytest -q -n auto -p no:cacheprovider tests
 
 bench: $(GEN)
@@ -60,6 +75,10 @@ bench: $(GEN)
 
 coverage: $(GEN)
 	$(PY) scripts/coverage.py
+
+# docs/vela.md's table of Vela's estimates for the int8 models
+vela-report: $(GEN) $(TOOLS_STAMP) $(VELA_STAMP)
+	$(PY) scripts/vela_report.py
 
 corpus: $(GEN)
 	$(PY) scripts/corpus.py
@@ -72,4 +91,4 @@ fuzz: $(GEN)
 	TORCHTOSA_FUZZ_EXAMPLES=2000 $(PY) -m pytest -q -n auto -p no:cacheprovider tests/test_fuzz.py tests/test_properties.py
 
 clean:
-	rm -rf $(VENV) $(TOOLS) runtime/_generated build *.egg-info
+	rm -rf $(VENV) $(TOOLS) $(VELA) runtime/_generated build *.egg-info

@@ -8,8 +8,10 @@
     prog.save("model.tosa"); torchtosa.load("model.tosa")  # TOSA files (.mlir text, .tosa flatbuffer)
     prog.reference(*inputs)                           # the outputs of TOSA's reference model
     torchtosa.export_library(fn, *example_inputs, path="model.so")   # a shared library + C header
+    torchtosa.vela.compile(prog)                      # Arm's Vela for Ethos-U85 on an int8 program
 """
 
+from . import vela
 from .api import CompiledFunction, compile, explain, to_tosa, torchtosa_backend
 from .errors import (
     CompileError,
@@ -21,6 +23,7 @@ from .errors import (
     ToolError,
     TorchTosaError,
     Unsupported,
+    VelaError,
 )
 from .importer import Program
 from .library import Library, export_library
@@ -31,8 +34,8 @@ from .tosa_files import load
 __all__ = [
     "CompileError", "CompiledFunction", "Explanation", "FallbackWarning", "InputMismatch", "InvalidFile",
     "InvalidInput", "Library", "LoweringError", "NotConformant", "Program", "Target", "ToolError",
-    "TorchTosaError", "Unsupported", "compile", "explain", "export_library", "load", "to_tosa",
-    "torchtosa_backend",
+    "TorchTosaError", "Unsupported", "VelaError", "compile", "explain", "export_library", "load", "to_tosa",
+    "torchtosa_backend", "vela",
 ]
 
 

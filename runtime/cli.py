@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from . import api, library, toolchain, tosa_files
+from . import api, library, toolchain, tosa_files, vela
 from .errors import InputMismatch, TorchTosaError
 from .execute import _prepare
 from .importer import import_graph
@@ -107,6 +107,9 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--target", help="TOSA target, passed to torchtosa.to_tosa(target=...)")
     export.add_argument("--freeze", action="store_true", help="passed to torchtosa.to_tosa(freeze=True)")
     export.add_argument("--name", help="prefix of the library's C names (default: the file name's stem)")
+    export.add_argument("--vela", nargs="?", const=vela.ACCELERATOR, metavar="ACCELERATOR",
+                        help="with --emit tosa: compile the file with Arm's Vela (`make vela`) for ACCELERATOR "
+                        f"(default {vela.ACCELERATOR}) and print its estimate")
     export.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     export.add_argument("--verbose", action="store_true", help="tracebacks on errors")
     export.set_defaults(run=_export)
@@ -120,6 +123,8 @@ def _export(args: argparse.Namespace) -> int:
         raise UsageError(f"--emit so: -o must name a .so file, not {args.output!r}")
     if args.emit == "tosa" and args.output is not None and not args.output.endswith(".tosa"):
         raise UsageError(f"--emit tosa: -o must name a .tosa file, not {args.output!r}")
+    if args.vela and args.emit != "tosa":
+        raise UsageError("--vela compiles the TOSA flatbuffer: use it with --emit tosa")
     inputs = [parse_input(spec, i) for i, spec in enumerate(args.input)]
     fn = load_callable(args.target_fn)
     exported = isinstance(fn, torch.export.ExportedProgram)
@@ -155,6 +160,8 @@ def _export(args: argparse.Namespace) -> int:
         _write(args.output, tosa_files.annotated(program))
     elif args.emit == "tosa":
         progress.run("serialize", lambda: program.save(args.output))
+        if args.vela:
+            print(progress.run("vela", lambda: vela.compile(args.output, accelerator=args.vela)).summary())
     elif args.emit in ("linalg", "llvm"):
         _write(args.output, lowered(program, args.opt, args.emit, progress.stage))
     else:

@@ -37,3 +37,11 @@ class ToolError(TorchTosaError):
 
 class InvalidFile(TorchTosaError, ValueError):
     """A file torchtosa can't save to or load: not `.mlir`/`.tosa`, or not a TOSA program."""
+
+
+class VelaError(ToolError):
+    """Arm's Vela is missing, failed, or rejected a network; `ops`: the ops it could not place."""
+
+    def __init__(self, message: str, ops: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.ops = ops or []
