@@ -21,12 +21,15 @@ annotation kind, and one small annotator per kind writes the QuantizationAnnotat
     quantizer = TosaQuantizer()                      # the TOSA config everywhere
     quantizer.set_operator_type(torch.ops.aten.gelu.default, None)   # keep gelu float
     prepared = prepare_pt2e(torch.export.export(model, args).module(), quantizer)
+
+`quantize(model, args, calibration)` runs the whole recipe (export, prepare, calibrate,
+convert, export) and returns the ExportedProgram that `to_tosa(..., freeze=True)` takes.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.fx as fx
@@ -42,7 +45,7 @@ with warnings.catch_warnings():
     )
     from torchao.quantization.pt2e.quantizer.utils import QuantizationConfig, get_module_name_filter
 
-__all__ = ["FUSED", "OPS", "TosaQuantizer", "get_tosa_quantization_config"]
+__all__ = ["FUSED", "OPS", "TosaQuantizer", "get_tosa_quantization_config", "quantize"]
 
 aten = torch.ops.aten
 _KEY = "quantization_annotation"
@@ -234,3 +237,26 @@ class TosaQuantizer(Quantizer):
             for spec in specs:
                 if isinstance(spec, QuantizationSpec) and spec.qscheme == torch.per_channel_affine:
                     raise ValueError(f"{node.name}: per-channel weights must be symmetric for TOSA ({spec.qscheme})")
+
+
+def quantize(model: torch.nn.Module, example_inputs: tuple, calibration: Iterable[tuple],
+             quantizer: Quantizer | None = None) -> torch.export.ExportedProgram:
+    """The PT2E recipe in one call: export `model` (in eval mode) for `example_inputs`, prepare
+    it with `quantizer` (a TosaQuantizer by default), run it on each tuple of `calibration`
+    inputs, convert (weights folded to int8) and export the result, ready for
+    `torchtosa.to_tosa(ep, target="TOSA-1.0+INT", freeze=True)`."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    model = model.eval()
+    prepared = prepare_pt2e(torch.export.export(model, tuple(example_inputs)).module(),
+                            TosaQuantizer() if quantizer is None else quantizer)
+    batches = 0
+    with torch.no_grad():
+        for batch in calibration:
+            prepared(*batch)
+            batches += 1
+    if not batches:
+        raise ValueError("quantize: no calibration batches (the observers need data to set the scales)")
+    return torch.export.export(convert_pt2e(prepared), tuple(example_inputs))

@@ -498,3 +498,24 @@ def test_x86_convnet_compile() -> None:
     fn = torchtosa.compile(ep, fallback="error")
     x = torch.randn(shape)
     check_quanta(fn(x), ep.module()(x), last_scale(ep))
+
+
+def test_quantize_recipe() -> None:
+    """torchtosa.quantizer.quantize: export, prepare with TosaQuantizer, calibrate, convert,
+    export; the result lowers to TOSA-1.0+INT with its linear groups integer; no calibration
+    data is a clear error."""
+    from torchtosa.quantizer import quantize
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 16)
+    ep = quantize(MLP(), (x,), [(torch.randn(8, 16),) for _ in range(4)])
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+    assert targets.count("quantized_decomposed.dequantize_per_channel.default") == 3
+    program = torchtosa.to_tosa(ep, target="TOSA-1.0+INT", freeze=True)
+    assert [g.path for g in program.groups] == ["integer"] * 3
+    (qin,), (qout,) = program.input_quantization, program.output_quantization
+    (got,) = program.reference(qin.quantize(x))
+    steps = ((qout.dequantize(got) - ep.module()(x)) / qout.scale).abs()
+    assert steps.max().item() <= 1 + 1e-3
+    with pytest.raises(ValueError, match="no calibration"):
+        quantize(MLP(), (x,), [])
