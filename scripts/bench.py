@@ -35,7 +35,7 @@ making the first call (VmHWM, reset through /proc/self/clear_refs).
 The header gives one core's f32 FMA peak (`scripts/peak.py`), the ceiling of any one-thread GF/s.
 
 Then (unless --no-int8) an int8 table: the MLP and the conv block quantized with PT2E (torchao,
-XNNPACK quantizer), frozen to integer TOSA and run natively (one and two threads), against
+torchtosa's TosaQuantizer), frozen to integer TOSA and run natively (one and two threads), against
 torchtosa's float32 compile, eager float32 and PyTorch running the quantized model.
 
 Then (unless --no-dynamic) a dynamic-shape table: for the MLP, the encoder layer and BERT, one
@@ -689,18 +689,11 @@ INT8_HEADER = ["workload", "backend", "time/call (median)", "IQR", "vs torchtosa
 
 
 def pt2e_int8(model: nn.Module, inputs: Inputs) -> torch.export.ExportedProgram:
-    """The model quantized with PT2E (int8 activations per tensor, int8 weights per channel),
-    calibrated on random inputs like `inputs`, exported."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torchao's optional CUDA extensions; XNNPACKQuantizer's deprecation
-        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-        from torchao.testing.pt2e._xnnpack_quantizer import XNNPACKQuantizer, get_symmetric_quantization_config
+    """The model quantized with PT2E and torchtosa's TosaQuantizer (int8 activations per tensor,
+    int8 weights per channel), calibrated on 8 random batches like `inputs`, exported."""
+    from torchtosa.quantizer import quantize
 
-        quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
-    prepared = prepare_pt2e(torch.export.export(model, inputs).module(), quantizer)
-    for _ in range(8):
-        prepared(*(torch.randn_like(x) for x in inputs))
-    return torch.export.export(convert_pt2e(prepared), inputs)
+    return quantize(model, inputs, [tuple(torch.randn_like(x) for x in inputs) for _ in range(8)])
 
 
 def int8_section(args: argparse.Namespace, notes: list[str]) -> str | None:
@@ -710,9 +703,9 @@ def int8_section(args: argparse.Namespace, notes: list[str]) -> str | None:
     for name, build in INT8_WORKLOADS.items():
         if not args.only or args.only.lower() in name.lower():
             rows += _int8_workload(name, build, args, notes)
-    notes.append("int8: quantized with PT2E (torchao 0.18, XNNPACK quantizer: int8 activations per tensor, "
-                 "int8 weights per channel) after 8 random calibration batches; the diff column is in quanta of "
-                 "the output (the float rows differ by the quantization error itself)")
+    notes.append("int8: quantized with PT2E (torchao 0.18, torchtosa.quantizer.TosaQuantizer: int8 activations per "
+                 "tensor, int8 weights per channel) after 8 random calibration batches; the diff column is in quanta "
+                 "of the output (the float rows differ by the quantization error itself)")
     return markdown(rows, INT8_HEADER) if rows else None
 
 
