@@ -790,3 +790,17 @@ def quantize_bias(bias: Sequence[float] | None, input_scale: float, weight_scale
 
 def fits_i32(values: Sequence[int]) -> bool:
     return all(-(1 << 31) <= v < (1 << 31) for v in values)
+# ---- added by qcnn (quantized CNN groups: clamp bounds, pooling)
+
+
+def quantize_scalar(v: float, scale: float, zero_point: int, quant_min: int, quant_max: int) -> int:
+    """The f32 value `v` quantized as PT2E's quantize_per_tensor does it (times the f32 inverse
+    scale, rounded half to even, plus the zero point, clamped): the int8 bound of a clamp
+    fused before a quantize (rounding is monotone, so clamp-then-quantize is
+    quantize-then-clamp at these bounds)."""
+    import torch.ao.quantization.fx._decomposed  # registers quantized_decomposed
+
+    x = torch.tensor([builtins.float(v)], dtype=torch.float32)
+    q = torch.ops.quantized_decomposed.quantize_per_tensor.default(x, scale, zero_point, quant_min, quant_max,
+                                                                   torch.int8)
+    return builtins.int(q.item())
