@@ -3,3 +3,4 @@ groups (one module per op family, each registering its ops with `library.group_o
 matcher that applies the `match` tables of their YAML entries (patterns.py)."""
 
 from . import matmul  # noqa: F401  registers torch.ops.torchtosa.qlinear / qconv2d
+from .pool import qmax_pool2d  # noqa: F401  registers the pooling and shape group ops (qmax_pool2d, qview, ...)
