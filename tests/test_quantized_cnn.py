@@ -306,3 +306,33 @@ def test_transformers_cnn_native_and_reference(hf_model: tuple) -> None:
             assert torch.equal(ref, got)
     assert max(off) <= most and 1 - off[0] / sum(off.values()) <= fraction, off
     print(f"{name}: quanta off {dict(off)}")
+
+
+def test_avg_pool2d_rounds_ties_away_from_zero() -> None:
+    """A 2x2 average pool with the same quantization in and out is tosa.avg_pool2d on the int8
+    values: native code and the reference model round S / 4 (S the window's sum minus the zero
+    points) half away from zero (the specification's rounded reciprocal of the count is a hair
+    above 1/4, and RESCALE rounds half up), which differs from PyTorch (ties to even) exactly at
+    ties only (where PyTorch's float arithmetic rounds the other way), by one quantum."""
+    zp = -3
+
+    def pool(q: torch.Tensor) -> torch.Tensor:
+        x = QD.dequantize_per_tensor.default(q, 0.05, zp, -128, 127, torch.int8)
+        y = A.avg_pool2d.default(x, [2, 2], [2, 2])
+        return QD.quantize_per_tensor.default(y, 0.05, zp, -128, 127, torch.int8)
+
+    torch.manual_seed(0)
+    q = torch.randint(-128, 128, (1, 8, 16, 16), dtype=torch.int8)
+    program = torchtosa.to_tosa(pool, q, target="TOSA-1.0+INT", freeze=True)
+    assert [(g.op, g.path) for g in program.groups] == [("torchtosa.qavg_pool2d.default", "integer")]
+    assert "tosa.avg_pool2d" in str(program) and "tosa.rescale" not in str(program)
+    (got,) = native_of(program)(q)
+    (ref,) = program.reference(q)
+    s = nn.functional.avg_pool2d(q.double() - zp, 2, divisor_override=1)  # window sums
+    away = torch.sign(s) * torch.floor(s.abs() / 4 + 0.5)
+    assert torch.equal(got, ref)
+    assert torch.equal(got, (away + zp).to(torch.int8))
+    differ = got != pool(q)
+    assert not (differ & (s % 4 != 2)).any()  # only at ties
+    assert (got.int() - pool(q).int()).abs().max().item() == 1
+    assert 0.05 < differ.float().mean().item() < 0.2  # about half of the quarter of windows that tie
