@@ -336,3 +336,30 @@ def test_avg_pool2d_rounds_ties_away_from_zero() -> None:
     assert not (differ & (s % 4 != 2)).any()  # only at ties
     assert (got.int() - pool(q).int()).abs().max().item() == 1
     assert 0.05 < differ.float().mean().item() < 0.2  # about half of the quarter of windows that tie
+
+
+def test_shape_groups_int_profile() -> None:
+    """DQ -> permute / squeeze / unsqueeze / slice / view / constant_pad_nd -> Q groups on int8
+    values (RESCALE where the quantization changes, a clamp for a narrower range): TOSA-1.0+INT,
+    native code equal to the reference model, within one quantum of PyTorch (equal where the
+    quantization stays)."""
+    s, zp = 0.05, -3
+
+    def shapes(q: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        x = QD.dequantize_per_tensor.default(q, s, zp, -128, 127, torch.int8)
+        outs = [(A.permute.default(x, [0, 2, 3, 1]), s, zp), (A.squeeze.dims(x, [0]), 0.03, 7),
+                (A.unsqueeze.default(x, 2), s, zp), (A.slice.Tensor(x, 3, 1, 5), 0.07, -10),
+                (A.view.default(x, [3, -1]), s, zp), (A.constant_pad_nd.default(x, [1, 2, 0, 1], 0.0), 0.04, 0)]
+        return tuple(QD.quantize_per_tensor.default(y, sc, z, -128 if sc == s else -100, 127, torch.int8)
+                     for y, sc, z in outs)
+
+    torch.manual_seed(0)
+    q = torch.randint(-128, 128, (1, 3, 4, 6), dtype=torch.int8)
+    program = torchtosa.to_tosa(shapes, q, target="TOSA-1.0+INT", freeze=True)
+    assert [g.op.split(".")[1] for g in program.groups if g.path == "integer"] == [
+        "qpermute", "qsqueeze", "qunsqueeze", "qslice", "qview", "qpad"]
+    native, reference, want = native_of(program)(q), program.reference(q), shapes(q)
+    for got, ref, w, rescaled in zip(native, reference, want, [0, 1, 0, 1, 0, 1], strict=True):
+        assert got.dtype == torch.int8 and torch.equal(got, ref)
+        steps = (got.int() - w.int()).abs().max().item()
+        assert steps <= rescaled, (got, w)
