@@ -802,9 +802,17 @@ def rescale_bounded(scale: float, bound: Any) -> list[int] | None:
     return ms if ms is not None and bound < (1 << (ms[1] - 1)) else None
 
 
-def quantize_f32(value: float, scale: float, zero_point: int, quant_min: int, quant_max: int) -> int:
-    """One float quantized as PT2E's quantize_per_tensor does it, in f32: clamp(round(f32(value)
-    * (1 / scale)) + zero_point, quant_min, quant_max), rounding half to even."""
-    x = torch.tensor([builtins.float(value)], dtype=torch.float32)
-    q = torch.clamp(torch.round(x * (1.0 / scale)) + zero_point, quant_min, quant_max)
+# ---- quantized CNN groups (clamp bounds, pooling)
+
+
+def quantize_scalar(v: float, scale: float, zero_point: int, quant_min: int, quant_max: int) -> int:
+    """The f32 value `v` quantized as PT2E's quantize_per_tensor does it (times the f32 inverse
+    scale, rounded half to even, plus the zero point, clamped): the int8 bound of a clamp
+    fused before a quantize (rounding is monotone, so clamp-then-quantize is
+    quantize-then-clamp at these bounds)."""
+    import torch.ao.quantization.fx._decomposed  # registers quantized_decomposed
+
+    x = torch.tensor([builtins.float(v)], dtype=torch.float32)
+    q = torch.ops.quantized_decomposed.quantize_per_tensor.default(x, scale, zero_point, quant_min, quant_max,
+                                                                   torch.int8)
     return builtins.int(q.item())

@@ -550,9 +550,11 @@ def test_match_patterns_load_and_render(opdefs: Path) -> None:
     (opdefs / "fam.yaml").write_text(QUANT_INT)
     _, entries = load_specs(opdefs)
     patterns = [(p.op, p.root, sorted(p.nodes), p.fixed) for e in entries for p in e.patterns]
-    assert patterns[0] == ("torchtosa.qlinear.default", "q", ["mm", "q", "r", "w", "wt", "x"], {"relu": True})
-    assert len(patterns) == 6 and patterns[1][3] == {"relu": False}
-    q = entries[0].patterns[0].nodes["q"]
+    assert patterns[1] == ("torchtosa.qlinear.default", "q", ["mm", "q", "r", "w", "wt", "x"],
+                           {"min_val": 0.0, "max_val": None})
+    assert len(patterns) == 12 and patterns[0][3] == {"min_val": None, "max_val": None}
+    assert patterns[2][3] == {} and entries[0].patterns[2].nodes["r"][1][2] == ("bind", "max_val")  # hardtanh
+    q = entries[0].patterns[1].nodes["q"]
     assert q == ("quantized_decomposed.quantize_per_tensor.default",
                  [("node", "r"), ("bind", "output_scale"), ("bind", "output_zero_point"), ("bind", "quant_min"),
                   ("bind", "quant_max"), ("dtype", "i8")])
@@ -570,8 +572,8 @@ def test_match_mistakes_are_located(opdefs: Path, old: str, new: str, hint: str)
 
 
 def test_match_must_bind_every_argument_and_name_a_torchtosa_op(opdefs: Path) -> None:
-    spec_error(opdefs, QUANT_INT.replace("    - root: q\n      set: {relu: true}", "    - root: ‸q", 1),
-               "the match binds no relu")
+    relu = "    - root: q\n      set: {min_val: 0.0, max_val: null}"
+    spec_error(opdefs, QUANT_INT.replace(relu, "    - root: ‸q", 1), "the match binds no min_val, max_val")
     aten = GOOD.replace("  doc: a test entry", "  doc: a test entry\n  match: []")
     with pytest.raises(SpecError, match="only torchtosa ops"):
         (opdefs / "fam.yaml").write_text(aten)

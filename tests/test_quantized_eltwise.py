@@ -230,13 +230,13 @@ def test_rescale_bounded(scale: float, bound: int, fits: bool) -> None:
 
 @pytest.mark.parametrize("scale", [0.0457, 0.05, 0.0121, 0.025755826383829117])
 @pytest.mark.parametrize("zero_point", [0, 4, -128])
-def test_quantize_f32_is_pytorchs(scale: float, zero_point: int) -> None:
+def test_quantize_scalar_is_pytorchs(scale: float, zero_point: int) -> None:
     """The clamp bounds are quantized as PyTorch quantizes a float: values half way between two
     quanta, just beside them, and beyond both ends of the range."""
     half = ((torch.arange(-140, 140, dtype=torch.float64) + 0.5) * scale).float()
     xs = torch.cat([half, half.nextafter(torch.tensor(torch.inf)), torch.randn(100) * 200 * scale])
     want = q(xs, scale, zero_point, -100, 120)
-    got = [rules.quantize_f32(v, scale, zero_point, -100, 120) for v in xs.tolist()]
+    got = [rules.quantize_scalar(v, scale, zero_point, -100, 120) for v in xs.tolist()]
     assert got == want.tolist()
 
 

@@ -5,4 +5,5 @@ matcher that applies the `match` tables of their YAML entries (patterns.py)."""
 from . import (
     eltwise,  # noqa: F401  registers torch.ops.torchtosa.qadd / qsub / qmul / qclamp / qcat
     matmul,  # noqa: F401  registers torch.ops.torchtosa.qlinear / qconv2d
+    pool,  # noqa: F401  registers the pooling and shape group ops (qmax_pool2d, qview, ...)
 )
