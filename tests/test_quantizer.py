@@ -152,6 +152,13 @@ EXACT = {"quantized_decomposed.quantize_per_tensor.default", "quantized_decompos
          "aten.view.default", "aten.permute.default", "aten.relu.default", "aten.max_pool2d_with_indices.default"}
 
 
+# Fraction of a chained model's outputs allowed off (integer programs): an average pool with the
+# same quantization in and out rounds ties away from zero as TOSA's AVG_POOL2D does, PyTorch to
+# even (11% of 2x2 windows of random int8 are ties), and one quantum of a pooled value moves a
+# later output by several of its own.
+CHAINED_OFF = 0.15
+
+
 def run_integer(ep: torch.export.ExportedProgram, shape: tuple[int, ...], chained: bool = False) -> torchtosa.Program:
     """to_tosa(freeze=True) on TOSA-1.0+FP+INT, run natively and on the reference model on
     random inputs. Native code equals the reference model where every op is integer or exact
@@ -175,8 +182,8 @@ def run_integer(ep: torch.export.ExportedProgram, shape: tuple[int, ...], chaine
         if exact:
             assert torch.equal(got, ref)
         steps = ((got - ep.module()(x)) / scale).abs()
-        if chained:  # float ops on a tie (see above) can move more outputs, further: printed only
-            assert not exact or (steps > 0.5).float().mean().item() <= OFF_BY_ONE
+        if chained:  # ties (see above) can move more outputs, further: bounded loosely, printed
+            assert not exact or (steps > 0.5).float().mean().item() <= CHAINED_OFF
         else:
             check_quanta(got, ep.module()(x), scale)
     print(f"\n{(steps > 0.5).float().mean().item():.2%} of {got.numel()} outputs off, at most "
@@ -251,7 +258,8 @@ def check_each_quantize(ep: torch.export.ExportedProgram, shape: tuple[int, ...]
         fractions[f"{q.args[0].name}->{q.name} ({'/'.join(paths) or 'no group'}{differ})"] = \
             (steps > 0).float().mean().item()
     print("\n" + "\n".join(f"  {k}: {v:.2%} one off" for k, v in fractions.items()))
-    assert all(v <= OFF_BY_ONE for v in fractions.values()), fractions
+    # an average pool rounds ties away from zero (TOSA's AVG_POOL2D), PyTorch to even
+    assert all(v <= (CHAINED_OFF if "avg_pool" in k else OFF_BY_ONE) for k, v in fractions.items()), fractions
     return fractions
 
 
@@ -308,19 +316,16 @@ def test_tosa_quantizer_close_to_float_model(name: str) -> None:
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_tosa_quantizer_models_to_tosa(name: str) -> None:
-    """Frozen: every linear/conv group takes the integer path (others' groups are printed);
-    native code equals the reference model and is within one quantum of PyTorch."""
+    """Frozen: every group takes the integer path (conv with a fused relu6 and depthwise
+    included); native code equals the reference model; each quantize within one quantum of
+    PyTorch."""
     cls, shape = MODELS[name]
     ep = quantize(cls, shape, TosaQuantizer())
     program = run_integer(ep, shape, chained=True)
     check_each_quantize(ep, shape)
     weighted = [g for g in program.groups if g.op in ("torchtosa.qlinear.default", "torchtosa.qconv2d.default")]
-    depthwise = [g for g in weighted if "groups" in g.reason]  # qconv2d lowers groups == 1 only (today)
-    # conv + relu6/hardtanh has no integer pattern yet (quantize_int.yaml fuses relu only)
-    clamped = [n for n in calls(ep, aten.conv2d.default)
-               if {u.target for u in n.users} & {aten.relu6.default, aten.hardtanh.default}]
-    assert len(weighted) == len(calls(ep, aten.linear.default)) + len(calls(ep, aten.conv2d.default)) - len(clamped)
-    assert all(g.path == "integer" for g in weighted if g not in depthwise), program.groups
+    assert len(weighted) == len(calls(ep, aten.linear.default)) + len(calls(ep, aten.conv2d.default))
+    assert all(g.path == "integer" for g in program.groups), program.groups
 
 
 def test_tosa_quantizer_config_api() -> None:
@@ -464,7 +469,8 @@ def test_x86_convnet_uint8_integer_path() -> None:
     ep = quantize(X86ConvNet, shape, x86_quantizer())
     assert {q.args[5] for q in calls(ep, QD.quantize_per_tensor.default)} == {torch.uint8}
     program = run_integer(ep, shape)
-    assert [(g.op, g.path) for g in program.groups] == [("torchtosa.qconv2d.default", "integer")] * 2
+    assert [(g.op, g.path) for g in program.groups] == [("torchtosa.qconv2d.default", "integer")] * 2 + [
+        ("torchtosa.qmax_pool2d.default", "integer")]
 
 
 def test_x86_mlp_uint8_integer_path() -> None:
