@@ -357,8 +357,10 @@ def _load_patterns(value: Any, name: Located, args: list[Arg]) -> list[Pattern]:
                     parsed.append(("any",))
                 elif text is not None and text in DTYPES:
                     parsed.append(("dtype", text))
+                elif text is not None and len(text) >= 2 and text[0] == text[-1] == "'":
+                    parsed.append(("lit", text[1:-1]))  # a string the node must hold: 'tanh'
                 elif text is not None:
-                    raise _where(a, at).error(f"{text!r} is no node of this match, $argument, _ or dtype")
+                    raise _where(a, at).error(f"{text!r} is no node of this match, $argument, _, dtype or 'string'")
                 else:
                     parsed.append(("lit", a))
             nodes[node] = (str(target), parsed)

@@ -790,3 +790,14 @@ def quantize_bias(bias: Sequence[float] | None, input_scale: float, weight_scale
 
 def fits_i32(values: Sequence[int]) -> bool:
     return all(-(1 << 31) <= v < (1 << 31) for v in values)
+# ---- added by qtab (quantized transformer ops: tables, activation matmul)
+
+
+def unary_table(function: str, alpha: float, input_scale: float, input_zero_point: int, output_scale: float,
+                output_zero_point: int, quant_min: int, quant_max: int) -> list[int] | None:
+    """The 256 int8 entries of the tosa.table for qunary's group (runtime/quant/table.py): the
+    group's own float computation of every int8 input -128..127; None for an unknown function or
+    a NaN result."""
+    from .quant.table import unary_table as table
+
+    return table(function, alpha, input_scale, input_zero_point, output_scale, output_zero_point, quant_min, quant_max)

@@ -2,4 +2,7 @@
 groups (one module per op family, each registering its ops with `library.group_op`) and the
 matcher that applies the `match` tables of their YAML entries (patterns.py)."""
 
-from . import matmul  # noqa: F401  registers torch.ops.torchtosa.qlinear / qconv2d
+from . import (
+    matmul,  # noqa: F401  registers torch.ops.torchtosa.qlinear / qconv2d
+    table,  # noqa: F401  registers torch.ops.torchtosa.qunary / qmatmul
+)
