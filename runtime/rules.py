@@ -801,3 +801,16 @@ def unary_table(function: str, alpha: float, input_scale: float, input_zero_poin
     from .quant.table import unary_table as table
 
     return table(function, alpha, input_scale, input_zero_point, output_scale, output_zero_point, quant_min, quant_max)
+
+
+SOFTMAX_EXP_BITS = 15  # exp(-j * scale) as an integer of 15 bits: at most 2^15 - 1
+
+
+def softmax_exp_tables(input_scale: float) -> list[list[int]]:
+    """The two int8 tosa.table contents of qsoftmax's exponentials: for the table input
+    t = d + 127 (d = x - max(x) in [-255, 0], so TABLE's index is d + 255), E = round((2^15 - 1)
+    * exp(d * input_scale)) in double, split into its high byte (E >> 8, in [0, 127]) and its low
+    byte minus 128 (so E = 256 * hi + lo + 128)."""
+    top = (1 << SOFTMAX_EXP_BITS) - 1
+    exps = [builtins.round(top * math.exp((i - 255) * input_scale)) for i in builtins.range(256)]
+    return [[e >> 8 for e in exps], [(e & 255) - 128 for e in exps]]

@@ -5,7 +5,9 @@ activations (attention's q @ k^T and p @ v).
 an elementwise f named by a string (`UNARY`): an int8 input takes only 256 values, so the whole
 group is a 256-entry table, which the lowering (opdefs/quantize_table.yaml) computes at compile
 time by running this same function on every int8 value (`unary_table`), so it gives PyTorch's
-bits. `torch.ops.torchtosa.qmatmul` is dequantize(a), dequantize(b) -> matmul -> quantize: an int8
+bits. `torch.ops.torchtosa.qsoftmax` is dequantize -> softmax -> quantize, lowered as integer
+arithmetic (exponentials of x - max(x) from two int8 tables, an i32 sum and division).
+`torch.ops.torchtosa.qmatmul` is dequantize(a), dequantize(b) -> matmul -> quantize: an int8
 tosa.matmul with both zero points, i32 accumulation, a RESCALE by a_scale * b_scale / output_scale.
 """
 
@@ -36,6 +38,8 @@ UNARY: dict[str, Callable[[torch.Tensor, float], torch.Tensor]] = {
 
 _QUNARY = ("qunary(Tensor input, float input_scale, int input_zero_point, str function, float alpha, "
            "float output_scale, int output_zero_point, int quant_min, int quant_max) -> Tensor")
+_QSOFTMAX = ("qsoftmax(Tensor input, float input_scale, int input_zero_point, int dim, float output_scale, "
+             "int output_zero_point, int quant_min, int quant_max) -> Tensor")
 _QMATMUL = ("qmatmul(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, "
             "float output_scale, int output_zero_point, int quant_min, int quant_max) -> Tensor")
 
@@ -67,4 +71,11 @@ def qmatmul(a: torch.Tensor, a_scale: float, a_zero_point: int, b: torch.Tensor,
             b_zero_point: int, output_scale: float, output_zero_point: int, quant_min: int,
             quant_max: int) -> torch.Tensor:
     y = torch.matmul(dequantize(a, a_scale, a_zero_point), dequantize(b, b_scale, b_zero_point))
+    return quantize(y, output_scale, output_zero_point, quant_min, quant_max)
+
+
+@group_op(_QSOFTMAX)
+def qsoftmax(input: torch.Tensor, input_scale: float, input_zero_point: int, dim: int, output_scale: float,
+             output_zero_point: int, quant_min: int, quant_max: int) -> torch.Tensor:
+    y = torch.ops.aten._softmax.default(dequantize(input, input_scale, input_zero_point), dim, False)
     return quantize(y, output_scale, output_zero_point, quant_min, quant_max)
