@@ -340,9 +340,10 @@ def _load_patterns(value: Any, name: Located, args: list[Arg]) -> list[Pattern]:
                 raise _where(node, at).error(f"node name {node!r} is a dtype name; pick another")
             spec = _expect(spec, list, f"node {node}", _where(node, at))
             target = _expect(spec[0] if spec else None, str, "an overload name", _where(node, at))
-            overload = _torch_overload(target)
-            if len(spec) - 1 > len(overload._schema.arguments):
-                raise target.error(f"{target} takes {len(overload._schema.arguments)} arguments")
+            # getitem: an element of a multi-output op's result (native_layer_norm's [0])
+            count = 2 if target == "getitem" else len(_torch_overload(target)._schema.arguments)
+            if len(spec) - 1 > count:
+                raise target.error(f"{target} takes {count} arguments")
             parsed: list[tuple] = []
             for a in spec[1:]:
                 text = str(a) if isinstance(a, str) else None

@@ -814,3 +814,34 @@ def softmax_exp_tables(input_scale: float) -> list[list[int]]:
     top = (1 << SOFTMAX_EXP_BITS) - 1
     exps = [builtins.round(top * math.exp((i - 255) * input_scale)) for i in builtins.range(256)]
     return [[e >> 8 for e in exps], [(e & 255) - 128 for e in exps]]
+
+
+def layernorm_shift(C: int, input_scale: float, eps: float) -> list[int] | None:
+    """[k, e] of qlayernorm over C int8 values: each square of D = C * q - sum(q) (at most
+    (255 C)^2, in i32 for C <= 181) is shifted right by 2k, rounding, so that the i32 sum of the
+    C squares cannot overflow (C * ((255 C)^2 / 4^k + 1) + e < 2^31), and e = round(eps * C^3 /
+    (input_scale^2 * 4^k)) is eps at that sum's scale. None if C > 181 or e reaches 2^30."""
+    if 255 * C > 46340:
+        return None
+    for k in builtins.range(5):
+        e = builtins.round(eps * C ** 3 / (input_scale * input_scale * 4 ** k))
+        if e < (1 << 30) and C * ((255 * C) ** 2 // 4 ** k + 1) + e < (1 << 31):
+            return [k, e]
+    return None
+
+
+def layernorm_rescale(C: int, weight: Sequence[float] | None, bias: Sequence[float] | None,
+                      output_scale: float) -> list[list[int]] | None:
+    """[multipliers, shifts, biases, signs] per channel of qlayernorm's RESCALE: its accumulator
+    t * sign(w[c]) + bq[c] holds the normalized value in units of sqrt(C) * 2^-15 times |w[c]|, so
+    the multiplier is sqrt(C) 2^-15 |w[c]| / output_scale and bq[c] = round(b[c] / (sqrt(C)
+    2^-15 |w[c]|)). None if a weight is 0, a shift leaves [2, 62] or a bias leaves int32."""
+    w = [1.0] * C if weight is None else [builtins.float(v) for v in weight]
+    if any(v == 0 for v in w):
+        return None
+    unit = math.sqrt(C) * 2.0 ** -15
+    ms = rescale_params(unit, [builtins.abs(v) for v in w], output_scale)
+    bq = quantize_bias(bias, unit, [builtins.abs(v) for v in w])
+    if ms is None or not fits_i32(bq):
+        return None
+    return [ms[0], ms[1], bq, [1 if v > 0 else -1 for v in w]]

@@ -223,6 +223,79 @@ def test_softmax_exp_tables_rule() -> None:
     assert exps[255 - 20] == round(32767 * torch.tensor(-1.0, dtype=torch.float64).exp().item())
 
 
+class LayerNorm(nn.Module):
+    """int8 in, int8 out: dequantize -> layer norm over the last dim (random weight and bias) ->
+    quantize."""
+
+    def __init__(self, c: int, eps: float, scales: tuple[float, int, float, int]) -> None:
+        super().__init__()
+        self.norm, self.scales = nn.LayerNorm(c, eps=eps), scales
+        self.norm.weight.data = torch.randn(c) * 0.3 + 1
+        self.norm.bias.data = torch.randn(c) * 0.2
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        s_in, zp_in, s_out, zp_out = self.scales
+        x = QD.dequantize_per_tensor.default(q, s_in, zp_in, -128, 127, torch.int8)
+        return QD.quantize_per_tensor.default(self.norm(x), s_out, zp_out, -128, 127, torch.int8)
+
+
+# (C, eps, scales, spread of the int8 values around each row's random centre): ViT's numbers,
+# rows of small variance, PyTorch's default eps, and rows long enough that the squares are
+# shifted before summing (C > 32) up to the longest lowered (181).
+LAYERNORMS = {"vit": (32, 1e-12, (0.0078, -33, 0.0274, -15), 128),
+              "narrow_rows": (32, 1e-12, (0.0078, -33, 0.0274, -15), 6),
+              "eps_1e-5": (16, 1e-5, (0.05, 4, 0.02, 0), 128),
+              "c64": (64, 1e-5, (0.01, 0, 0.03, 3), 40),
+              "c128": (128, 1e-5, (0.01, 0, 0.03, 3), 60),
+              "c181": (181, 1e-5, (0.01, 0, 0.03, 3), 128)}
+# The integer layer norm rounds the root of the sum of squares and the normalized value to about
+# 15 bits before RESCALE rounds to the output quantum (measured: 0.28% to 0.73% one off).
+LAYERNORM_OFF_BY_ONE = 0.015
+
+
+@pytest.mark.parametrize("name", list(LAYERNORMS))
+def test_layernorm_integer(name: str) -> None:
+    """q(layer_norm(dq(x))) is integer TOSA (TOSA-1.0+INT: i32 sums, clz, Newton's integer square
+    root with intdiv, per-channel RESCALE): native == reference bit for bit, every output within
+    one quantum of PyTorch, few off."""
+    c, eps, scales, spread = LAYERNORMS[name]
+    torch.manual_seed(5)
+
+    def rows() -> torch.Tensor:
+        centre = torch.randint(-100, 100, (256, 1))
+        return (centre + torch.randint(-spread, spread, (256, c))).clamp(-128, 127).to(torch.int8)
+
+    ep, program, native = compiled(LayerNorm(c, eps, scales), (rows(),))
+    assert [g.path for g in program.groups] == ["integer"]
+    assert set(program.served) == {("torchtosa.qlayernorm.default", "tosa")}
+    q = rows()
+    (got,) = native(q)
+    (ref,) = program.reference(q)
+    want = ep.module()(q)
+    assert got.dtype == torch.int8 and torch.equal(got, ref)
+    assert ((want == -128) | (want == 127)).float().mean().item() < 0.05
+    steps = (got.int() - want.int()).abs()
+    assert steps.max().item() <= 1
+    off = (steps > 0).float().mean().item()
+    assert off <= LAYERNORM_OFF_BY_ONE
+    print(f"{name}: {off:.3%} of {got.numel()} outputs one quantum off")
+
+
+def test_layernorm_declines_long_rows_and_zero_weights() -> None:
+    """Rows longer than 181 and a zero weight keep the float path, saying why."""
+    torch.manual_seed(6)
+    q = int8(4, 192)
+    _, program, _ = compiled(LayerNorm(192, 1e-5, (0.01, 0, 0.03, 3)), (q,), "TOSA-1.0+FP+INT")
+    assert [g.path for g in program.groups] == ["float"] and "more than 181" in program.groups[0].reason
+    model = LayerNorm(16, 1e-5, (0.01, 0, 0.03, 3))
+    model.norm.weight.data[3] = 0.0
+    ep, program, native = compiled(model, (int8(4, 16),), "TOSA-1.0+FP+INT")
+    assert [g.path for g in program.groups] == ["float"] and "zero weight" in program.groups[0].reason
+    q = int8(4, 16)
+    (got,) = native(q)
+    assert (got.int() - ep.module()(q).int()).abs().max().item() <= 1
+
+
 def quantized_vit(batch: int) -> torch.export.ExportedProgram:
     """A 2-layer ViT (hidden 32, 2 heads, 16x16 images of 8x8 patches, random weights, eager
     attention) quantized with the XNNPACK quantizer. The final layer norm is left out, so the
@@ -255,22 +328,26 @@ def quantized_vit(batch: int) -> torch.export.ExportedProgram:
 
 def test_vit_integer_groups_native_and_reference() -> None:
     """The XNNPACK quantizer makes groups of the patch conv, the q/k/v/output projections and
-    both MLP linears of each layer and the GELU (DQ -> gelu -> Q, a table): all 15 take the
-    integer path. Attention's two matmuls, softmax, the layer norms, the residual adds, the
-    cls-token concat and the 1/sqrt(d) scaling stay float (the quantizer annotates no matmul or
-    softmax, and leaves layer norm unquantized). Native code equals the reference model bit for
-    bit and PyTorch within one quantum (measured: 0 of 6400 outputs off)."""
+    both MLP linears of each layer, the GELU (DQ -> gelu -> Q, a table) and the two layer norms
+    of each layer whose output it quantizes: all 19 take the integer path. Attention's two
+    matmuls, softmax, the residual adds, the cls-token concat and the 1/sqrt(d) scaling stay
+    float (the quantizer annotates no matmul or softmax). Native code equals the reference model
+    bit for bit. Against PyTorch, each group is within one quantum (the tests above), but a layer
+    norm output one quantum off moves later layers' values: measured 0.3% to 1.6% of the outputs
+    one quantum off and, rarely, one element two quanta off (5 batches of 1280 outputs)."""
     batch = 8
     ep = quantized_vit(batch)
     program = torchtosa.to_tosa(ep, target="TOSA-1.0+FP+INT", freeze=True)
     assert str(program.target) == "TOSA-1.0+FP+INT"
-    assert [g.path for g in program.groups] == ["integer"] * 15, [str(g) for g in program.groups]
+    assert [g.path for g in program.groups] == ["integer"] * 19, [str(g) for g in program.groups]
     served = dict(program.served)
     assert served[("torchtosa.qconv2d.default", "tosa")] == 1
     assert served[("torchtosa.qlinear.default", "tosa")] == 12
     assert served[("torchtosa.qunary.default", "tosa")] == 2  # gelu
-    for float_op in ("aten._softmax.default", "aten.native_layer_norm.default", "aten.bmm.default"):
+    assert served[("torchtosa.qlayernorm.default", "tosa")] == 4
+    for float_op in ("aten._softmax.default", "aten.bmm.default"):
         assert (float_op, "tosa") in served  # what remains float under the XNNPACK quantizer
+    assert ("aten.native_layer_norm.default", "tosa") not in served
     (out,) = next(n for n in ep.graph.nodes if n.op == "output").args[0]
     assert out.target == QD.dequantize_per_tensor.default
     scale = out.args[1]
@@ -282,5 +359,6 @@ def test_vit_integer_groups_native_and_reference() -> None:
         (ref,) = program.reference(x)
         assert torch.equal(got, ref)
         steps = ((got - ep.module()(x)) / scale).abs()
-        assert steps.max().item() <= 1.0 + 1e-3
-        assert (steps > 0.5).float().mean().item() <= 0.02
+        assert steps.max().item() <= 2.0 + 1e-3
+        assert (steps > 0.5).float().mean().item() <= 0.03
+        assert (steps > 1.5).float().mean().item() <= 0.002

@@ -68,9 +68,16 @@ def rewrite_groups(gm: fx.GraphModule) -> list[Group]:
 def _bind(pattern: Pattern, name: str, node: Any, binds: dict[str, Any]) -> dict[str, Any]:
     """`binds` extended by matching the pattern's node `name` at `node` (raises _NoMatch)."""
     target, args = pattern.nodes[name]
-    if not isinstance(node, fx.Node) or node.op != "call_function" or str(node.target) != target:
+    if not isinstance(node, fx.Node) or node.op != "call_function":
         raise _NoMatch
-    values = [v for v, _ in schema_arguments(node)]
+    if target == "getitem":  # an element of a multi-output op's result
+        if node.target is not operator.getitem:
+            raise _NoMatch
+        values = list(node.args)
+    elif str(node.target) != target:
+        raise _NoMatch
+    else:
+        values = [v for v, _ in schema_arguments(node)]
     for want, value in zip(args, values, strict=False):
         kind = want[0]
         if kind == "node":

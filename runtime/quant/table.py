@@ -6,7 +6,10 @@ an elementwise f named by a string (`UNARY`): an int8 input takes only 256 value
 group is a 256-entry table, which the lowering (opdefs/quantize_table.yaml) computes at compile
 time by running this same function on every int8 value (`unary_table`), so it gives PyTorch's
 bits. `torch.ops.torchtosa.qsoftmax` is dequantize -> softmax -> quantize, lowered as integer
-arithmetic (exponentials of x - max(x) from two int8 tables, an i32 sum and division).
+arithmetic (exponentials of x - max(x) from two int8 tables, an i32 sum and division), and
+`torchtosa.qlayernorm` (layer norm over the last dim) as integer arithmetic too (i32 sums of the
+centred values and their squares, an integer square root by Newton's iteration with tosa.intdiv,
+a per-channel RESCALE that applies the weight and bias).
 `torch.ops.torchtosa.qmatmul` is dequantize(a), dequantize(b) -> matmul -> quantize: an int8
 tosa.matmul with both zero points, i32 accumulation, a RESCALE by a_scale * b_scale / output_scale.
 """
@@ -40,6 +43,9 @@ _QUNARY = ("qunary(Tensor input, float input_scale, int input_zero_point, str fu
            "float output_scale, int output_zero_point, int quant_min, int quant_max) -> Tensor")
 _QSOFTMAX = ("qsoftmax(Tensor input, float input_scale, int input_zero_point, int dim, float output_scale, "
              "int output_zero_point, int quant_min, int quant_max) -> Tensor")
+_QLAYERNORM = ("qlayernorm(Tensor input, float input_scale, int input_zero_point, int[] normalized_shape, "
+               "float[]? weight, float[]? bias, float eps, float output_scale, int output_zero_point, int quant_min, "
+               "int quant_max) -> Tensor")
 _QMATMUL = ("qmatmul(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, "
             "float output_scale, int output_zero_point, int quant_min, int quant_max) -> Tensor")
 
@@ -78,4 +84,15 @@ def qmatmul(a: torch.Tensor, a_scale: float, a_zero_point: int, b: torch.Tensor,
 def qsoftmax(input: torch.Tensor, input_scale: float, input_zero_point: int, dim: int, output_scale: float,
              output_zero_point: int, quant_min: int, quant_max: int) -> torch.Tensor:
     y = torch.ops.aten._softmax.default(dequantize(input, input_scale, input_zero_point), dim, False)
+    return quantize(y, output_scale, output_zero_point, quant_min, quant_max)
+
+
+@group_op(_QLAYERNORM)
+def qlayernorm(input: torch.Tensor, input_scale: float, input_zero_point: int, normalized_shape: list[int],
+               weight: list[float] | None, bias: list[float] | None, eps: float, output_scale: float,
+               output_zero_point: int, quant_min: int, quant_max: int) -> torch.Tensor:
+    w = None if weight is None else torch.tensor(weight, dtype=torch.float32, device=input.device)
+    b = None if bias is None else torch.tensor(bias, dtype=torch.float32, device=input.device)
+    x = dequantize(input, input_scale, input_zero_point)
+    y = torch.ops.aten.native_layer_norm.default(x, normalized_shape, w, b, eps)[0]
     return quantize(y, output_scale, output_zero_point, quant_min, quant_max)
