@@ -47,7 +47,7 @@ _QLAYERNORM = ("qlayernorm(Tensor input, float input_scale, int input_zero_point
                "float[]? weight, float[]? bias, float eps, float output_scale, int output_zero_point, int quant_min, "
                "int quant_max) -> Tensor")
 _QMATMUL = ("qmatmul(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, "
-            "float output_scale, int output_zero_point, int quant_min, int quant_max) -> Tensor")
+            "float output_scale, int output_zero_point, int quant_min, int quant_max, bool transpose_b) -> Tensor")
 
 
 @group_op(_QUNARY)
@@ -75,8 +75,9 @@ def unary_table(function: str, alpha: float, input_scale: float, input_zero_poin
 @group_op(_QMATMUL)
 def qmatmul(a: torch.Tensor, a_scale: float, a_zero_point: int, b: torch.Tensor, b_scale: float,
             b_zero_point: int, output_scale: float, output_zero_point: int, quant_min: int,
-            quant_max: int) -> torch.Tensor:
-    y = torch.matmul(dequantize(a, a_scale, a_zero_point), dequantize(b, b_scale, b_zero_point))
+            quant_max: int, transpose_b: bool) -> torch.Tensor:
+    bf = dequantize(b, b_scale, b_zero_point)
+    y = torch.matmul(dequantize(a, a_scale, a_zero_point), bf.transpose(-2, -1) if transpose_b else bf)
     return quantize(y, output_scale, output_zero_point, quant_min, quant_max)
 
 
