@@ -10,8 +10,9 @@ arithmetic (exponentials of x - max(x) from two int8 tables, an i32 sum and divi
 `torchtosa.qlayernorm` (layer norm over the last dim) as integer arithmetic too (i32 sums of the
 centred values and their squares, an integer square root by Newton's iteration with tosa.intdiv,
 a per-channel RESCALE that applies the weight and bias).
-`torch.ops.torchtosa.qmatmul` is dequantize(a), dequantize(b) -> matmul -> quantize: an int8
-tosa.matmul with both zero points, i32 accumulation, a RESCALE by a_scale * b_scale / output_scale.
+`torch.ops.torchtosa.qmatmul` is dequantize(a), dequantize(b) -> (permutes: attention's heads and
+k^T) -> matmul -> quantize: an int8 tosa.matmul with both zero points, i32 accumulation, a RESCALE
+by a_scale * b_scale / output_scale.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ _QLAYERNORM = ("qlayernorm(Tensor input, float input_scale, int input_zero_point
                "float[]? weight, float[]? bias, float eps, float output_scale, int output_zero_point, int quant_min, "
                "int quant_max) -> Tensor")
 _QMATMUL = ("qmatmul(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, "
-            "float output_scale, int output_zero_point, int quant_min, int quant_max, bool transpose_b) -> Tensor")
+            "float output_scale, int output_zero_point, int quant_min, int quant_max, int[] a_perm, int[] b_perm) -> Tensor")
 
 
 @group_op(_QUNARY)
@@ -75,9 +76,9 @@ def unary_table(function: str, alpha: float, input_scale: float, input_zero_poin
 @group_op(_QMATMUL)
 def qmatmul(a: torch.Tensor, a_scale: float, a_zero_point: int, b: torch.Tensor, b_scale: float,
             b_zero_point: int, output_scale: float, output_zero_point: int, quant_min: int,
-            quant_max: int, transpose_b: bool) -> torch.Tensor:
-    bf = dequantize(b, b_scale, b_zero_point)
-    y = torch.matmul(dequantize(a, a_scale, a_zero_point), bf.transpose(-2, -1) if transpose_b else bf)
+            quant_max: int, a_perm: list[int], b_perm: list[int]) -> torch.Tensor:
+    af, bf = dequantize(a, a_scale, a_zero_point), dequantize(b, b_scale, b_zero_point)
+    y = torch.matmul(af.permute(a_perm) if a_perm else af, bf.permute(b_perm) if b_perm else bf)
     return quantize(y, output_scale, output_zero_point, quant_min, quant_max)
 
 
