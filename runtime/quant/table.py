@@ -48,7 +48,8 @@ _QLAYERNORM = ("qlayernorm(Tensor input, float input_scale, int input_zero_point
                "float[]? weight, float[]? bias, float eps, float output_scale, int output_zero_point, int quant_min, "
                "int quant_max) -> Tensor")
 _QMATMUL = ("qmatmul(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, "
-            "float output_scale, int output_zero_point, int quant_min, int quant_max, int[] a_perm, int[] b_perm) -> Tensor")
+            "float output_scale, int output_zero_point, int quant_min, int quant_max, int[] a_perm, "
+            "int[] b_perm) -> Tensor")
 
 
 @group_op(_QUNARY)
