@@ -169,6 +169,18 @@ def test_activation_matmul(name: str) -> None:
 
 
 
+def test_matmul_declines_long_reductions() -> None:
+    """More than 33025 products of int8 values minus zero points could overflow the i32
+    accumulator: the group keeps the float path, saying why, and is still right."""
+    torch.manual_seed(8)
+    qa, qb = int8(2, 33026), int8(33026, 3)
+    ep, program, native = compiled(MatMul(33026), (qa, qb), "TOSA-1.0+FP+INT")
+    assert [g.path for g in program.groups] == ["float"]
+    assert "overflow the i32 accumulator" in program.groups[0].reason
+    (got,) = native(qa, qb)
+    assert (got.int() - ep.module()(qa, qb).int()).abs().max().item() <= 1
+
+
 class Softmax(nn.Module):
     """int8 in, int8 out: dequantize -> softmax -> quantize."""
 
