@@ -342,7 +342,7 @@ def _load_patterns(value: Any, name: Located, args: list[Arg]) -> list[Pattern]:
                 raise _where(node, at).error(f"node name {node!r} is a dtype name; pick another")
             spec = _expect(spec, list, f"node {node}", _where(node, at))
             target = _expect(spec[0] if spec else None, str, "an overload name", _where(node, at))
-            # `getitem`: an element of a multi-output op's result (max_pool2d_with_indices)
+            # `getitem`: an element of a multi-output op's result (max_pool2d_with_indices, native_layer_norm)
             count = 2 if str(target) == "getitem" else len(_torch_overload(target)._schema.arguments)
             if len(spec) - 1 > count:
                 raise target.error(f"{target} takes {count} arguments")
@@ -365,8 +365,10 @@ def _load_patterns(value: Any, name: Located, args: list[Arg]) -> list[Pattern]:
                     parsed.append(("any",))
                 elif text is not None and text in DTYPES:
                     parsed.append(("dtype", text))
+                elif text is not None and len(text) >= 2 and text[0] == text[-1] == "'":
+                    parsed.append(("lit", text[1:-1]))  # a string the node must hold: 'tanh'
                 elif text is not None:
-                    raise _where(a, at).error(f"{text!r} is no node of this match, $argument, _ or dtype")
+                    raise _where(a, at).error(f"{text!r} is no node of this match, $argument, _, dtype or 'string'")
                 else:
                     parsed.append(("lit", a))
             nodes[node] = (str(target), parsed)

@@ -816,3 +816,58 @@ def quantize_scalar(v: float, scale: float, zero_point: int, quant_min: int, qua
     q = torch.ops.quantized_decomposed.quantize_per_tensor.default(x, scale, zero_point, quant_min, quant_max,
                                                                    torch.int8)
     return builtins.int(q.item())
+# ---- added by qtab (quantized transformer ops: tables, activation matmul)
+
+
+def unary_table(function: str, alpha: float, input_scale: float, input_zero_point: int, output_scale: float,
+                output_zero_point: int, quant_min: int, quant_max: int) -> list[int] | None:
+    """The 256 int8 entries of the tosa.table for qunary's group (runtime/quant/table.py): the
+    group's own float computation of every int8 input -128..127; None for an unknown function or
+    a NaN result."""
+    from .quant.table import unary_table as table
+
+    return table(function, alpha, input_scale, input_zero_point, output_scale, output_zero_point, quant_min, quant_max)
+
+
+SOFTMAX_EXP_BITS = 15  # exp(-j * scale) as an integer of 15 bits: at most 2^15 - 1
+
+
+def softmax_exp_tables(input_scale: float) -> list[list[int]]:
+    """The two int8 tosa.table contents of qsoftmax's exponentials: for the table input
+    t = d + 127 (d = x - max(x) in [-255, 0], so TABLE's index is d + 255), E = round((2^15 - 1)
+    * exp(d * input_scale)) in double, split into its high byte (E >> 8, in [0, 127]) and its low
+    byte minus 128 (so E = 256 * hi + lo + 128)."""
+    top = (1 << SOFTMAX_EXP_BITS) - 1
+    exps = [builtins.round(top * math.exp((i - 255) * input_scale)) for i in builtins.range(256)]
+    return [[e >> 8 for e in exps], [(e & 255) - 128 for e in exps]]
+
+
+def layernorm_shift(C: int, input_scale: float, eps: float) -> list[int] | None:
+    """[k, e] of qlayernorm over C int8 values: each square of D = C * q - sum(q) (at most
+    (255 C)^2, in i32 for C <= 181) is shifted right by 2k, rounding, so that the i32 sum of the
+    C squares cannot overflow (C * ((255 C)^2 / 4^k + 1) + e < 2^31), and e = round(eps * C^3 /
+    (input_scale^2 * 4^k)) is eps at that sum's scale. None if C > 181 or e reaches 2^30."""
+    if 255 * C > 46340:
+        return None
+    for k in builtins.range(5):
+        e = builtins.round(eps * C ** 3 / (input_scale * input_scale * 4 ** k))
+        if e < (1 << 30) and C * ((255 * C) ** 2 // 4 ** k + 1) + e < (1 << 31):
+            return [k, e]
+    return None
+
+
+def layernorm_rescale(C: int, weight: Sequence[float] | None, bias: Sequence[float] | None,
+                      output_scale: float) -> list[list[int]] | None:
+    """[multipliers, shifts, biases, signs] per channel of qlayernorm's RESCALE: its accumulator
+    t * sign(w[c]) + bq[c] holds the normalized value in units of sqrt(C) * 2^-15 times |w[c]|, so
+    the multiplier is sqrt(C) 2^-15 |w[c]| / output_scale and bq[c] = round(b[c] / (sqrt(C)
+    2^-15 |w[c]|)). None if a weight is 0, a shift leaves [2, 62] or a bias leaves int32."""
+    w = [1.0] * C if weight is None else [builtins.float(v) for v in weight]
+    if any(v == 0 for v in w):
+        return None
+    unit = math.sqrt(C) * 2.0 ** -15
+    ms = rescale_params(unit, [builtins.abs(v) for v in w], output_scale)
+    bq = quantize_bias(bias, unit, [builtins.abs(v) for v in w])
+    if ms is None or not fits_i32(bq):
+        return None
+    return [ms[0], ms[1], bq, [1 if v > 0 else -1 for v in w]]

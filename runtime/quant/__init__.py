@@ -6,4 +6,5 @@ from . import (
     eltwise,  # noqa: F401  registers torch.ops.torchtosa.qadd / qsub / qmul / qclamp / qcat
     matmul,  # noqa: F401  registers torch.ops.torchtosa.qlinear / qconv2d
     pool,  # noqa: F401  registers the pooling and shape group ops (qmax_pool2d, qview, ...)
+    table,  # noqa: F401  registers torch.ops.torchtosa.qunary / qmatmul / qsoftmax / qlayernorm
 )
