@@ -12,6 +12,7 @@ import torch.fx as fx
 
 from .library import QD
 
+aten = torch.ops.aten
 _Q = QD.quantize_per_tensor.default
 _DQ = QD.dequantize_per_tensor.default
 
@@ -39,9 +40,10 @@ class Quantization:
 
 
 def integer_edges(gm: fx.GraphModule) -> tuple[list[Quantization | None], list[Quantization | None]]:
-    """Rewrite `gm` so that each float input used only by identical per-tensor quantizes is the
-    quantized tensor itself, and each output that is a per-tensor dequantize (used only there)
-    is the integer tensor; the quantization of each input and output (None: unchanged)."""
+    """Rewrite `gm` so that each float input used only by identical per-tensor quantizes
+    (directly, or through ops that only move or pad values) is the quantized tensor itself,
+    and each output that is a per-tensor dequantize (used only there) is the integer tensor;
+    the quantization of each input and output (None: unchanged)."""
     inputs: list[Quantization | None] = []
     for node in gm.graph.find_nodes(op="placeholder"):
         inputs.append(_input_edge(node))
@@ -61,19 +63,35 @@ def integer_edges(gm: fx.GraphModule) -> tuple[list[Quantization | None], list[Q
     return inputs, outputs
 
 
+# Ops that only move or pad values: quantizing before them computes what quantizing after them
+# does (quantization is elementwise), with a pad value quantized as well.
+_MOVES = {aten.constant_pad_nd.default, aten.view.default, aten.reshape.default, aten.permute.default,
+          aten.unsqueeze.default, aten.squeeze.dim, aten.clone.default}
+
+
 def _input_edge(node: fx.Node) -> Quantization | None:
+    """Quantize `node` (a float input) at the input if everything it reaches goes through the
+    same per-tensor quantize, directly or after ops that only move or pad values."""
     val = node.meta.get("val")
-    users = list(node.users)
-    if not isinstance(val, torch.Tensor) or not val.is_floating_point() or not users:
+    if not isinstance(val, torch.Tensor) or not val.is_floating_point():
         return None
-    if any(u.target != _Q or u.args[0] is not node for u in users):
+    chain = []
+    end = node
+    while len(end.users) == 1 and next(iter(end.users)).target in _MOVES:
+        end = next(iter(end.users))
+        chain.append(end)
+    users = list(end.users)
+    if not users or any(u.target != _Q or u.args[0] is not end for u in users):
         return None
-    params = {tuple(u.args[1:]) for u in users}
-    if len(params) != 1:
+    if len({tuple(u.args[1:]) for u in users}) != 1:
         return None
     quantization = Quantization(*users[0].args[1:5], users[0].args[5])
-    node.meta["val"] = users[0].meta["val"]  # the quantized tensor's FakeTensor: same shape, int8
+    for moved in [node, *chain]:  # each value now holds the quantized tensor: same shape, int8
+        moved.meta["val"] = moved.meta["val"].to(quantization.dtype)
+        if moved.target == aten.constant_pad_nd.default and len(moved.args) > 2:
+            value = quantization.quantize(torch.tensor([float(moved.args[2])])).item()
+            moved.args = (*moved.args[:2], value)
     for user in users:
-        user.replace_all_uses_with(node)
-        node.graph.erase_node(user)
+        user.replace_all_uses_with(end)
+        end.graph.erase_node(user)
     return quantization

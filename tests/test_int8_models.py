@@ -1,0 +1,100 @@
+"""Whole models in TOSA's integer profile: quantized with torchtosa's TosaQuantizer (PT2E),
+frozen to `TOSA-1.0+INT` (int8 in, int8 out), validated, run natively and on TOSA's reference
+model, compared with PyTorch's run of the converted model, and (the CNNs) compiled by Arm's
+Vela for the Ethos-U85.
+
+Native code and the reference model agree bit for bit (the INT profile's promise). Against
+PyTorch, each group is within one quantum (`check_each_quantize`: every quantize fed the int8
+values PyTorch computes for its inputs); through a chain of groups a value one quantum off
+moves what follows, so the whole model's output is checked against the distribution measured
+here (printed), with a margin.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+from test_quantized_cnn import mobilenet_v2, randomize, resnet
+from test_quantizer import MLP, check_each_quantize
+from torch import nn
+
+import torchtosa
+from torchtosa import vela
+from torchtosa.execute import NativeFunction
+from torchtosa.quantizer import quantize
+
+
+class LeNet(nn.Module):
+    """LeNet-5 with batch norm after each conv (folded into the conv by convert_pt2e)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 6, 5), nn.BatchNorm2d(6), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, 5), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2))
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(16 * 4 * 4, 120), nn.ReLU(), nn.Linear(120, 84),
+                                        nn.ReLU(), nn.Linear(84, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+# name -> (builder, input shape, largest difference from PyTorch in quanta, fraction of outputs
+# off (with margin), compiled by Vela). Measured over the test's 4 inputs: mlp 10 of 2048
+# outputs one quantum off, lenet_bn 38 of 320 (its ten logits sum 84 products of the layer
+# before), resnet 3 of 128, mobilenet_v2 92 of 5120; none further.
+MODELS = {
+    "mlp": (MLP, (64, 16), 1, 0.02, False),
+    "lenet_bn": (LeNet, (8, 1, 28, 28), 1, 0.15, True),
+    "resnet": (resnet, (1, 3, 32, 32), 1, 0.05, True),
+    "mobilenet_v2": (mobilenet_v2, (1, 3, 32, 32), 1, 0.05, True),
+}
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def int8_model(request: pytest.FixtureRequest) -> tuple[str, torch.export.ExportedProgram, torchtosa.Program]:
+    build, shape, *_ = MODELS[request.param]
+    model = randomize(build())
+    torch.manual_seed(0)
+    ep = quantize(model, (torch.randn(shape),), [(torch.randn(shape),) for _ in range(8)])
+    return request.param, ep, torchtosa.to_tosa(ep, target="TOSA-1.0+INT", freeze=True)
+
+
+def test_int8_model_native_and_reference(int8_model: tuple) -> None:
+    """Every group integer; int8 in and out; native == reference model; within the measured
+    quanta of PyTorch."""
+    name, ep, program = int8_model
+    _, shape, most, fraction, _ = MODELS[name]
+    assert str(program.target) == "TOSA-1.0+INT"
+    assert program.groups and all(g.path == "integer" for g in program.groups), program.report()
+    assert [s.dtype for s in program.inputs + program.outputs] == [torch.int8, torch.int8]
+    (qin,), (qout,) = program.input_quantization, program.output_quantization
+    native = NativeFunction(program.module, program.inputs, program.outputs, name=program.name)
+    off: collections.Counter = collections.Counter()
+    torch.manual_seed(1)
+    for i in range(4):
+        x = torch.randn(shape)
+        (got,) = native(qin.quantize(x))
+        if i < 2:
+            (ref,) = program.reference(qin.quantize(x))
+            assert torch.equal(got, ref)
+        off.update(((qout.dequantize(got) - ep.module()(x)) / qout.scale).abs().round().int().flatten().tolist())
+    print(f"\n{name}: {len(program.groups)} integer groups; outputs off PyTorch by k quanta: {dict(off)}")
+    assert max(off) <= most and 1 - off[0] / sum(off.values()) <= fraction, off
+
+
+def test_int8_model_each_group_within_one_quantum(int8_model: tuple) -> None:
+    name, ep, _ = int8_model
+    check_each_quantize(ep, MODELS[name][1])
+
+
+def test_int8_model_on_ethos_u85(int8_model: tuple) -> None:
+    """Vela compiles the CNNs' .tosa files for the Ethos-U85 with every op on the NPU."""
+    name, _, program = int8_model
+    if not MODELS[name][4]:
+        return
+    report = vela.compile(program, accelerator="ethos-u85-256")
+    print(f"\n{name}: {report.summary()}")
+    assert report.all_on_npu and report.cycles > 0, report.summary()
