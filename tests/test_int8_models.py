@@ -84,3 +84,21 @@ def test_int8_model(name: str) -> None:
         report = vela.compile(program, accelerator="ethos-u85-256")
         print(report.summary())
         assert report.all_on_npu and report.cycles > 0, report.summary()
+
+
+def test_example_int8_lenet(tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]) -> None:
+    """examples/int8_lenet.py (the README's int8 walk-through) runs: every group integer, a
+    .tosa file, the reference model within one quantum of PyTorch, Vela all on the NPU."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "int8_lenet.py"
+    spec = importlib.util.spec_from_file_location("int8_lenet", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.main(tmp_path)
+    out = capsys.readouterr().out
+    assert out.count("(integer path)") == 8 and "float path" not in out
+    assert (tmp_path / "lenet_int8.tosa").stat().st_size > 0
+    assert "at most 1 quantum off" in out or "at most 0 quantum off" in out
+    assert ", 0 on the CPU" in out
