@@ -15,7 +15,9 @@ appear by folding anywhere upstream (a cast of a constant, an integer `i * 0`). 
 tosa-to-linalg would make of it, whose `arith.mulf`/`arith.addf` fold exactly.
 
 With opt="default"/"parallel", int8 matmuls and convolutions lose their zero points before
-"tosa-to-linalg" (`zero_points`): plain i8 contractions, which the schedule vectorizes.
+"tosa-to-linalg" (`zero_points`): plain i8 contractions, which are then computed as exact f32
+contractions (`float_int8`: int8 products summed over at most 1024 terms are exact in f32), so
+that they run on the schedule's f32 FMA kernel.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from mlir.dialects import arith, linalg, memref, tensor
 
 from . import progress
 from .errors import CompileError
+from .float_int8 import int8_contractions_in_f32
 from .irutil import find_ops, is_sub_byte, run_passes, top_level
 from .partition import partition
 from .schedule import schedule
@@ -161,6 +164,7 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
         if stage == "tosa-to-linalg":
             if opt != "none":
                 separate_zero_points(module)
+                int8_contractions_in_f32(module)
             _exact_float_arith(module)
         if stage == "fuse-before-reshapes":
             _no_dynamic_broadcasts(module)
