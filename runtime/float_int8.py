@@ -12,6 +12,10 @@ stays within 2^24, where f32 holds every integer, in any order of summation (FMA
     conv2d:  the same with KH * KW * C terms per output (the input channels split into chunks
              if needed), the i32 bias added after the cast
 
+A matmul whose second operand is a constant (a frozen nn.Linear weight) with whole 16-column
+vectors runs on AVX512-VNNI instead where the host has it (`vnni`: 4x the f32 FMA's
+multiply-adds per instruction, exact in i32 without chunks).
+
 The result is bit for bit the i32 accumulator TOSA defines (which wraps modulo 2^32; no sum
 of int8 products of these sizes comes near that). A constant operand (the frozen weights:
 tosa.const, possibly reshaped or transposed) becomes an f32 constant laid out as the
@@ -27,6 +31,7 @@ import math
 import numpy as np
 from mlir import ir
 
+from . import vnni
 from .irutil import find_ops
 from .zero_points import constant
 
@@ -131,12 +136,60 @@ def _matmul(op: ir.Operation) -> None:
     batch, m, k = ir.RankedTensorType(a.type).shape
     n = ir.RankedTensorType(b.type).shape[2]
     emit = _Emit(op)
+    weight = constant(b)
+    if batch == 1 and weight is not None and vnni.available() and vnni.fits(m, k, n):
+        _vnni_matmul(op, emit, a, weight[0])
+        return
     zero = emit.zero(emit.f32, [1])
     parts = []
     for start, size in _chunks(k, 1):
         fa, fb = emit.f32_chunk(a, 2, start, size), emit.f32_chunk(b, 1, start, size)
         parts.append(emit.op("tosa.matmul", ir.RankedTensorType.get([batch, m, n], emit.f32), [fa, fb, zero, zero]))
     op.results[0].replace_all_uses_with(_sum_i32(emit, parts))
+    _erase(op)
+
+
+def _vnni_matmul(op: ir.Operation, emit: _Emit, a: ir.Value, b: np.ndarray) -> None:
+    """`vnni.kernel` on a + 128 (its sign bit flipped) and b packed, minus 128 times b's column
+    sums (a constant)."""
+    _, m, k = ir.RankedTensorType(a.type).shape
+    n = b.shape[1]
+    k4 = math.ceil(k / 4)
+    i8 = ir.IntegerType.get_signless(8)
+    sign = emit.op("tosa.const", ir.RankedTensorType.get([1, 1, 1], i8), [],
+                   values=ir.DenseElementsAttr.get(np.full((1, 1, 1), -128, dtype=np.int8),
+                                                   type=ir.RankedTensorType.get([1, 1, 1], i8)))
+    unsigned = emit.op("tosa.bitwise_xor", a.type, [a, sign])
+    flat = emit.op("tosa.reshape", ir.RankedTensorType.get([m, k], i8), [unsigned, emit.shape([m, k])])
+    if 4 * k4 != k:
+        pad_value = emit.op("tosa.const", ir.RankedTensorType.get([1], i8), [],
+                            values=ir.DenseElementsAttr.get(np.zeros(1, dtype=np.int8),
+                                                            type=ir.RankedTensorType.get([1], i8)))
+        flat = emit.op("tosa.pad", ir.RankedTensorType.get([m, 4 * k4], i8),
+                       [flat, emit.shape([0, 0, 0, 4 * k4 - k]), pad_value])
+    packed = vnni.pack(b)
+    packed_t = ir.RankedTensorType.get(list(packed.shape), i8)
+    panels = emit.op("tosa.const", packed_t, [], values=ir.DenseElementsAttr.get(packed, type=packed_t))
+    result = ir.RankedTensorType(op.results[0].type)
+    name = f"torchtosa_vnni_{m}x{k4}x{n}"
+    module_body = op.parent
+    while module_body.operation.name != "builtin.module":
+        module_body = module_body.parent
+    block = module_body.regions[0].blocks[0]
+    names = {ir.StringAttr(o.attributes["sym_name"]).value for o in block.operations
+             if o.operation.name == "func.func"}
+    if name not in names:
+        parsed = ir.Module.parse(vnni.kernel(name, m, k4, n) + "\n" + vnni.declaration())
+        for kernel_op in list(parsed.body.operations):
+            if ir.StringAttr(kernel_op.attributes["sym_name"]).value not in names:
+                kernel_op.detach_from_parent()
+                block.append(kernel_op)
+    empty = ir.Operation.create("tensor.empty", results=[result], operands=[], ip=emit.ip).result
+    call = ir.Operation.create("func.call", results=[result], operands=[flat, panels, empty],
+                               attributes={"callee": ir.FlatSymbolRefAttr.get(name)}, ip=emit.ip).result
+    sums = b.astype(np.int64).sum(axis=0) * -128
+    correction = emit.const(((sums + 2**31) % 2**32 - 2**31).reshape(1, 1, n), emit.i32)
+    op.results[0].replace_all_uses_with(emit.op("tosa.add", result, [call, correction]))
     _erase(op)
 
 

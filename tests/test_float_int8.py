@@ -10,6 +10,7 @@ import pytest
 import torch
 from mlir import ir
 
+from torchtosa import vnni
 from torchtosa.execute import NativeFunction, TensorSpec
 from torchtosa.float_int8 import EXACT_TERMS, int8_contractions_in_f32
 from torchtosa.zero_points import separate_zero_points
@@ -95,15 +96,21 @@ def test_matmul_is_exact(batch: int, m: int, k: int, n: int, zero_points: tuple[
         assert torch.equal(out, expected)
 
 
-@pytest.mark.parametrize("m,k,n", [(6, 1030, 35), (64, 300, 19)])
-def test_matmul_constant_weight_is_exact(m: int, k: int, n: int) -> None:
-    """nn.Linear's frozen weight: a constant [N, K] transposed and reshaped, made an f32 constant
-    in the layout the matmul reads (no int8 constant left)."""
-    w = int8_values((n, k), 3)
+@pytest.mark.parametrize("m,k,n", [
+    (6, 1030, 35), (64, 300, 19),  # N not a multiple of 16: f32
+    (9, 1030, 48), (64, 512, 64), (3, 7, 16), (17, 2049, 96), (8, 4, 32),  # VNNI where the host has it
+])
+@pytest.mark.parametrize("za", [-128, 0, 37])
+def test_matmul_constant_weight_is_exact(m: int, k: int, n: int, za: int) -> None:
+    """nn.Linear's frozen weight: a constant [N, K] transposed and reshaped. With AVX512-VNNI and
+    whole 16-column vectors, `vnni.kernel` (rows left over from 8-row tiles, a last panel of 16
+    columns, K padded to a multiple of 4); otherwise an f32 constant in the layout the matmul
+    reads. No int8 constant is left either way."""
+    w = (aligned_values if k > EXACT_TERMS else int8_values)((n, k), 3)
     a_t, out_t = ttype((1, m, k), "i8"), ttype((1, m, n), "i32")
     src = f"""
     func.func @forward(%a: {a_t}) -> {out_t} {{
-      {zp("za", -128)}
+      {zp("za", za)}
       {zp("zb", 0)}
       %w = "tosa.const"() {{values = {dense(w)} : {ttype((n, k), "i8")}}} : () -> {ttype((n, k), "i8")}
       %t = tosa.transpose %w {{perms = array<i32: 1, 0>}} : ({ttype((n, k), "i8")}) -> {ttype((k, n), "i8")}
@@ -113,9 +120,10 @@ def test_matmul_constant_weight_is_exact(m: int, k: int, n: int) -> None:
       return %r : {out_t}
     }}"""
     lowered = rewritten(src)
-    assert f"{ttype((n, k), 'i8')}" not in lowered and "tosa.transpose" not in lowered
-    a = int8_values((1, m, k), 4)
-    expected = ((a.long() + 128) @ w.long().T).to(I32)
+    assert f"() -> {ttype((n, k), 'i8')}" not in lowered and "tosa.transpose" not in lowered
+    assert ("torchtosa_vnni_" in lowered) == (vnni.available() and n % 16 == 0)
+    a = (aligned_values if k > EXACT_TERMS else int8_values)((1, m, k), 4)
+    expected = ((a.long() - za) @ w.long().T).to(I32)
     fns = compile_all(src, [TensorSpec((1, m, k), I8)], [TensorSpec((1, m, n), I32)])
     for f in fns:
         assert torch.equal(f(a)[0], expected)
