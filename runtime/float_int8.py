@@ -12,9 +12,10 @@ stays within 2^24, where f32 holds every integer, in any order of summation (FMA
     conv2d:  the same with KH * KW * C terms per output (the input channels split into chunks
              if needed), the i32 bias added after the cast
 
-A matmul whose second operand is a constant (a frozen nn.Linear weight) with whole 16-column
-vectors runs on AVX512-VNNI instead where the host has it (`vnni`: 4x the f32 FMA's
-multiply-adds per instruction, exact in i32 without chunks).
+A matmul whose second operand is a constant (a frozen nn.Linear weight) and a stride-1 conv2d
+with a constant weight, with output columns in whole 16-lane vectors, run on AVX512-VNNI
+instead where the host has it (`vnni`: 4x the f32 FMA's multiply-adds per instruction, exact
+in i32 without chunks).
 
 The result is bit for bit the i32 accumulator TOSA defines (which wraps modulo 2^32; no sum
 of int8 products of these sizes comes near that). A constant operand (the frozen weights:
@@ -113,6 +114,10 @@ class _Emit:
             return self.const(data[tuple(index)], self.f32)
         return self.cast(self.slice(x, axis, start, size), self.f32)
 
+    def int8(self, values: list[int]) -> ir.Value:
+        t = ir.RankedTensorType.get([len(values)], ir.IntegerType.get_signless(8))
+        return self.op("tosa.const", t, [], values=ir.DenseElementsAttr.get(np.asarray(values, dtype=np.int8), type=t))
+
     def zero(self, element: ir.Type, shape: list[int]) -> ir.Value:
         return self.const(np.zeros(shape), element)
 
@@ -172,18 +177,7 @@ def _vnni_matmul(op: ir.Operation, emit: _Emit, a: ir.Value, b: np.ndarray) -> N
     panels = emit.op("tosa.const", packed_t, [], values=ir.DenseElementsAttr.get(packed, type=packed_t))
     result = ir.RankedTensorType(op.results[0].type)
     name = f"torchtosa_vnni_{m}x{k4}x{n}"
-    module_body = op.parent
-    while module_body.operation.name != "builtin.module":
-        module_body = module_body.parent
-    block = module_body.regions[0].blocks[0]
-    names = {ir.StringAttr(o.attributes["sym_name"]).value for o in block.operations
-             if o.operation.name == "func.func"}
-    if name not in names:
-        parsed = ir.Module.parse(vnni.kernel(name, m, k4, n) + "\n" + vnni.declaration())
-        for kernel_op in list(parsed.body.operations):
-            if ir.StringAttr(kernel_op.attributes["sym_name"]).value not in names:
-                kernel_op.detach_from_parent()
-                block.append(kernel_op)
+    _insert_kernel(op, name, vnni.kernel(name, m, k4, n))
     empty = ir.Operation.create("tensor.empty", results=[result], operands=[], ip=emit.ip).result
     call = ir.Operation.create("func.call", results=[result], operands=[flat, panels, empty],
                                attributes={"callee": ir.FlatSymbolRefAttr.get(name)}, ip=emit.ip).result
@@ -193,12 +187,73 @@ def _vnni_matmul(op: ir.Operation, emit: _Emit, a: ir.Value, b: np.ndarray) -> N
     _erase(op)
 
 
+def _insert_kernel(anchor: ir.Operation, name: str, source: str) -> None:
+    """Add the private function `name` (MLIR text `source`) and the placeholder of the VNNI
+    instruction to the module of `anchor`, unless there."""
+    module_op = anchor.parent
+    while module_op.operation.name != "builtin.module":
+        module_op = module_op.parent
+    block = module_op.regions[0].blocks[0]
+    names = {ir.StringAttr(o.attributes["sym_name"]).value for o in block.operations
+             if o.operation.name == "func.func"}
+    if name in names:
+        return
+    parsed = ir.Module.parse(source + "\n" + vnni.declaration())
+    for kernel_op in list(parsed.body.operations):
+        if ir.StringAttr(kernel_op.attributes["sym_name"]).value not in names:
+            kernel_op.detach_from_parent()
+            block.append(kernel_op)
+
+
+def _vnni_conv2d(op: ir.Operation, emit: _Emit, x: ir.Value, w: np.ndarray, bias: ir.Value) -> None:
+    """A stride-1 conv2d on VNNI (`vnni.conv_kernel`), read straight from the input: padded (and
+    its channels to a multiple of 4, with zeros, as the weight's), made unsigned (+ 128, the sign
+    bit flipped), minus 128 times each output channel's weight sum (a constant), plus the bias."""
+    channels_out, kh, kw, channels = w.shape
+    batch, h, width, _ = ir.RankedTensorType(x.type).shape
+    top, bottom, left, right = list(ir.DenseI64ArrayAttr(op.attributes["pad"]))
+    extra = -channels % 4
+    i8 = ir.IntegerType.get_signless(8)
+    shape = [batch, h + top + bottom, width + left + right, channels + extra]
+    if top or bottom or left or right or extra:
+        x = emit.op("tosa.pad", ir.RankedTensorType.get(shape, i8),
+                    [x, emit.shape([0, 0, top, bottom, left, right, 0, extra]), emit.int8([0])])
+    sign = emit.op("tosa.const", ir.RankedTensorType.get([1, 1, 1, 1], i8), [],
+                   values=ir.DenseElementsAttr.get(np.full((1, 1, 1, 1), -128, dtype=np.int8),
+                                                   type=ir.RankedTensorType.get([1, 1, 1, 1], i8)))
+    unsigned = emit.op("tosa.bitwise_xor", x.type, [x, sign])
+    w = np.pad(w, [(0, 0), (0, 0), (0, 0), (0, extra)])
+    packed = vnni.pack(w.reshape(channels_out, -1).T)
+    packed_t = ir.RankedTensorType.get(list(packed.shape), i8)
+    panels = emit.op("tosa.const", packed_t, [], values=ir.DenseElementsAttr.get(packed, type=packed_t))
+    result = ir.RankedTensorType(op.results[0].type)
+    out = tuple(result.shape)
+    name = "torchtosa_vnni_conv_" + "x".join(map(str, [*shape, *out, kh, kw]))
+    _insert_kernel(op, name, vnni.conv_kernel(name, tuple(shape), out, kh, kw))
+    empty = ir.Operation.create("tensor.empty", results=[result], operands=[], ip=emit.ip).result
+    acc = ir.Operation.create("func.call", results=[result], operands=[unsigned, panels, empty],
+                              attributes={"callee": ir.FlatSymbolRefAttr.get(name)}, ip=emit.ip).result
+    sums = w.astype(np.int64).sum(axis=(1, 2, 3)) * -128
+    correction = emit.const(((sums + 2**31) % 2**32 - 2**31).reshape(1, 1, 1, -1), emit.i32)
+    acc = emit.op("tosa.add", result, [acc, correction])
+    bias_shape = [1, 1, 1, ir.RankedTensorType(bias.type).shape[0]]
+    bias = emit.op("tosa.reshape", ir.RankedTensorType.get(bias_shape, emit.i32), [bias, emit.shape(bias_shape)])
+    op.results[0].replace_all_uses_with(emit.op("tosa.add", result, [acc, bias]))
+    _erase(op)
+
+
 def _conv2d(op: ir.Operation) -> None:
     x, w, bias = list(op.operands)[:3]
     channels_out, kh, kw, channels_in = ir.RankedTensorType(w.type).shape
     if kh * kw > EXACT_TERMS or _int_width(bias) != 32:
         return
     emit = _Emit(op)
+    weight = constant(w)
+    if (weight is not None and vnni.available() and channels_out % vnni.LANES == 0
+            and list(ir.DenseI64ArrayAttr(op.attributes["stride"])) == [1, 1]
+            and list(ir.DenseI64ArrayAttr(op.attributes["dilation"])) == [1, 1]):
+        _vnni_conv2d(op, emit, x, weight, bias)
+        return
     result = ir.RankedTensorType(op.results[0].type)
     attributes = {name: op.attributes[name] for name in op.attributes}
     attributes["acc_type"] = ir.TypeAttr.get(emit.f32)

@@ -130,10 +130,19 @@ def test_matmul_constant_weight_is_exact(m: int, k: int, n: int, za: int) -> Non
 
 
 CONVS = [  # input [N, H, W, C], output channels, kernel, stride, pad, input zero point
+    # output channels not a multiple of 16, or a stride: f32
     ((1, 9, 11, 5), 7, (3, 3), (1, 1), (1, 1, 1, 1), 0),
     ((2, 7, 6, 130), 3, (3, 3), (2, 1), (1, 1, 0, 1), -5),   # 1170 terms: two chunks of channels
     ((1, 5, 5, 1030), 9, (1, 1), (1, 1), (0, 0, 0, 0), 3),   # a 1x1 conv over 1030 channels
     ((1, 8, 8, 64), 33, (5, 5), (1, 1), (2, 2, 2, 2), 0),    # 1600 terms
+    ((2, 7, 6, 130), 32, (3, 3), (2, 1), (1, 1, 0, 1), -5),
+    # VNNI where the host has it: channels padded to 4, 8-column tiles and the columns left over,
+    # a last panel of 16 output channels, asymmetric padding, zero points
+    ((1, 9, 11, 5), 16, (3, 3), (1, 1), (1, 1, 1, 1), 0),
+    ((2, 7, 6, 130), 48, (3, 3), (1, 1), (1, 1, 0, 1), -5),
+    ((1, 5, 5, 1030), 32, (1, 1), (1, 1), (0, 0, 0, 0), 3),
+    ((1, 8, 8, 64), 48, (5, 5), (1, 1), (2, 2, 2, 2), 0),
+    ((1, 4, 19, 3), 16, (2, 3), (1, 1), (0, 1, 2, 0), 127),
 ]
 
 
@@ -158,8 +167,10 @@ def test_conv2d_is_exact(shape: tuple[int, ...], channels: int, kernel: tuple[in
            : ({x_t}, {w_t}, tensor<{channels}xi32>, tensor<1xi8>, tensor<1xi8>) -> {out_t}
       return %r : {out_t}
     }}"""
-    chunks = -(-(kh * kw * c) // EXACT_TERMS)
-    assert rewritten(src).count("tosa.conv2d") == chunks
+    on_vnni = vnni.available() and channels % 16 == 0 and stride == (1, 1)
+    lowered = rewritten(src)
+    assert ("torchtosa_vnni_conv" in lowered) == on_vnni
+    assert lowered.count("tosa.conv2d") == (0 if on_vnni else -(-(kh * kw * c) // EXACT_TERMS))
     x = (aligned_values if zx == 0 and kh * kw * c > EXACT_TERMS else int8_values)(shape, 7)
     padded = torch.nn.functional.pad(x.long().permute(0, 3, 1, 2) - zx, (pad[2], pad[3], pad[0], pad[1]))
     expected = torch.nn.functional.conv2d(padded.double(), weight.long().permute(0, 3, 1, 2).double(),
