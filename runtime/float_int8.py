@@ -1,4 +1,4 @@
-"""int8 contractions computed exactly in f32, for the optimizing pipeline.
+"""int8 contractions on fast kernels, exactly (f32 FMAs, or AVX512-VNNI), for the optimizing pipeline.
 
 After `zero_points.separate_zero_points`, an int8 `tosa.matmul` / `tosa.conv2d` is a plain
 i8 x i8 -> i32 contraction. The schedule's register tile for i32 is slow on x86 (sign
@@ -39,9 +39,9 @@ from .zero_points import constant
 EXACT_TERMS = 1024  # products of two int8 values whose sum is exact in f32: 1024 * 2^14 = 2^24
 
 
-def int8_contractions_in_f32(module: ir.Module) -> None:
-    """Rewrite each int8 x int8 -> i32 tosa.matmul / tosa.conv2d with zero zero points as exact
-    f32 contractions (see the module docstring)."""
+def fast_int8_contractions(module: ir.Module) -> None:
+    """Rewrite each int8 x int8 -> i32 tosa.matmul / tosa.conv2d with zero zero points as a VNNI
+    kernel call or an exact f32 contraction (see the module docstring)."""
     with module.context, ir.Location.unknown():
         for op in find_ops(module, lambda o: o.name in ("tosa.matmul", "tosa.conv2d")):
             if not _int8_contraction(op):

@@ -33,7 +33,7 @@ from mlir.dialects import arith, linalg, memref, tensor
 
 from . import progress, vnni
 from .errors import CompileError
-from .float_int8 import int8_contractions_in_f32
+from .float_int8 import fast_int8_contractions
 from .irutil import find_ops, is_sub_byte, run_passes, top_level
 from .partition import partition
 from .schedule import schedule
@@ -166,7 +166,7 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
         if stage == "tosa-to-linalg":
             if opt != "none":
                 separate_zero_points(module)
-                int8_contractions_in_f32(module)
+                fast_int8_contractions(module)
             _exact_float_arith(module)
         if stage == "fuse-before-reshapes":
             _no_dynamic_broadcasts(module)

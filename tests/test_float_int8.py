@@ -12,7 +12,7 @@ from mlir import ir
 
 from torchtosa import vnni
 from torchtosa.execute import NativeFunction, TensorSpec
-from torchtosa.float_int8 import EXACT_TERMS, int8_contractions_in_f32
+from torchtosa.float_int8 import EXACT_TERMS, fast_int8_contractions
 from torchtosa.zero_points import separate_zero_points
 
 I8, I32 = torch.int8, torch.int32
@@ -58,7 +58,7 @@ def rewritten(src: str) -> str:
     with ir.Context():
         module = ir.Module.parse(src)
         separate_zero_points(module)
-        int8_contractions_in_f32(module)
+        fast_int8_contractions(module)
         return str(module)
 
 
