@@ -15,7 +15,11 @@ appear by folding anywhere upstream (a cast of a constant, an integer `i * 0`). 
 tosa-to-linalg would make of it, whose `arith.mulf`/`arith.addf` fold exactly.
 
 With opt="default"/"parallel", int8 matmuls and convolutions lose their zero points before
-"tosa-to-linalg" (`zero_points`): plain i8 contractions, which the schedule vectorizes.
+"tosa-to-linalg" (`zero_points`): plain i8 contractions, which are then computed as exact f32
+contractions (`float_int8`: int8 products summed over at most 1024 terms are exact in f32), so
+that they run on the schedule's f32 FMA kernel, or, for a constant second operand on a host
+with AVX512-VNNI, become a call of a `vpdpbusd` kernel (`vnni`; the instruction is a placeholder
+call until "llvm", as buffer deallocation rejects the intrinsic, an op of unknown effects).
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from collections.abc import Callable
 from mlir import ir
 from mlir.dialects import arith, linalg, memref, tensor
 
-from . import progress
+from . import progress, vnni
 from .errors import CompileError
+from .float_int8 import fast_int8_contractions
 from .irutil import find_ops, is_sub_byte, run_passes, top_level
 from .partition import partition
 from .schedule import schedule
@@ -161,6 +166,7 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
         if stage == "tosa-to-linalg":
             if opt != "none":
                 separate_zero_points(module)
+                fast_int8_contractions(module)
             _exact_float_arith(module)
         if stage == "fuse-before-reshapes":
             _no_dynamic_broadcasts(module)
@@ -173,6 +179,7 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
         if stage == "llvm":
             _reject_sub_byte_buffers(module)
             if opt != "none":
+                vnni.lower_calls(module)
                 _results_in_place(module, results)
                 scratch = _promote_allocations(module)
         _verify(module, f"the input of stage {stage!r}")

@@ -54,6 +54,29 @@ def _zero_point(value: ir.Value) -> int | None:
     return int(values[0]) if len(values) == 1 else None
 
 
+def constant(value: ir.Value) -> np.ndarray | None:
+    """The value of an integer tosa.const, possibly reshaped or transposed, else None."""
+    owner = value.owner
+    if not isinstance(owner, ir.OpView | ir.Operation):
+        return None
+    if owner.name == "tosa.const":
+        attr = owner.attributes["values"]
+        if not isinstance(attr, ir.DenseIntElementsAttr):
+            return None
+        shape = ir.RankedTensorType(value.type).shape
+        if attr.is_splat:
+            return np.full(shape, ir.IntegerAttr(attr.get_splat_value()).value, dtype=np.int64)
+        return np.array(attr).reshape(shape)
+    if owner.name in ("tosa.reshape", "tosa.transpose"):
+        source = constant(owner.operands[0])
+        if source is None:
+            return None
+        if owner.name == "tosa.reshape":
+            return source.reshape(ir.RankedTensorType(value.type).shape)
+        return source.transpose(list(ir.DenseI32ArrayAttr(owner.attributes["perms"])))
+    return None
+
+
 class _Emit:
     """Creates TOSA ops before `anchor`."""
 
@@ -79,7 +102,13 @@ class _Emit:
         return self.op("tosa.cast", ir.RankedTensorType.get(ir.RankedTensorType(x.type).shape, self.i32), [x])
 
     def sums(self, x: ir.Value, axes: list[int]) -> ir.Value:
-        """The i32 sum of `x` over `axes` (kept as dims of 1)."""
+        """The i32 sum of int8 `x` over `axes` (kept as dims of 1): a constant if `x` is one (a
+        frozen weight, possibly reshaped or transposed), else summed per call."""
+        data = constant(x)
+        if data is not None:
+            total = data.astype(np.int64).sum(axis=tuple(axes), keepdims=True)
+            return self.const([(int(v) + 2**31) % 2**32 - 2**31 for v in total.flat], 32, list(total.shape))
+        x = self.cast32(x)
         for axis in axes:
             shape = list(ir.RankedTensorType(x.type).shape)
             shape[axis] = 1
@@ -110,9 +139,9 @@ def _matmul(op: ir.Operation) -> None:
     acc = emit.op("tosa.matmul", op.result.type, [a, b, zero, zero])
     k = ir.RankedTensorType(a.type).shape[2]
     if za:  # - za * sum_k b[k, n], a [B, 1, N] row
-        acc = emit.binary("tosa.sub", acc, emit.times(emit.sums(emit.cast32(b), [1]), za))
+        acc = emit.binary("tosa.sub", acc, emit.times(emit.sums(b, [1]), za))
     if zb:  # - zb * sum_k a[m, k], a [B, M, 1] column
-        acc = emit.binary("tosa.sub", acc, emit.times(emit.sums(emit.cast32(a), [2]), zb))
+        acc = emit.binary("tosa.sub", acc, emit.times(emit.sums(a, [2]), zb))
     if za and zb:
         acc = emit.binary("tosa.add", acc, emit.const([(k * za * zb + 2**31) % 2**32 - 2**31], 32, [1, 1, 1]))
     op.result.replace_all_uses_with(acc)
@@ -135,7 +164,7 @@ def _convolution(op: ir.Operation) -> None:
         x = emit.op("tosa.pad", ir.RankedTensorType.get(shape, element),
                     [x, emit.shape([0, 0, top, bottom, left, right, 0, 0]), emit.const([zx], 8, [1])])
     # sum of the weights per output channel: conv2d's weight is [O, KH, KW, I], depthwise's [KH, KW, C, M]
-    per_channel = emit.sums(emit.cast32(w), [1, 2, 3] if op.name == "tosa.conv2d" else [0, 1])
+    per_channel = emit.sums(w, [1, 2, 3] if op.name == "tosa.conv2d" else [0, 1])
     channels = ir.RankedTensorType(op.result.type).shape[-1]
     flat = emit.op("tosa.reshape", ir.RankedTensorType.get([channels], emit.i32), [per_channel, emit.shape([channels])])
     bias = emit.binary("tosa.sub", bias, emit.times(flat, zx), flat.type)
