@@ -1,11 +1,13 @@
 """Regenerate the table of docs/vela.md: Vela's estimates for torchtosa's int8 models.
 
-Each model is quantized with PT2E and the XNNPACK quantizer as tests/test_quantized.py does
-(`quantized`: calibrated on random data), its float input quantize and output dequantize are
-stripped (`int8_edges`: int8 in, int8 out), and it is lowered with
-`to_tosa(target="TOSA-1.0+INT", freeze=True)` and compiled by Vela (`torchtosa.vela.compile`) for
-each accelerator and system configuration of `CONFIGS`. The rows between the markers of
-docs/vela.md are replaced (`--check`: exit 1 if they would change; `--print`: print them only).
+The models of tests/test_int8_models.py (the MLP, LeNet with batch norm, transformers' ResNet
+and MobileNetV2, their builders imported from the tests) and a stack of four convs are
+quantized with torchtosa's TosaQuantizer (`torchtosa.quantizer.quantize`: PT2E, calibrated on 4
+seeded random batches), lowered with `to_tosa(ep, target="TOSA-1.0+INT", freeze=True)` (int8 in,
+int8 out: the float input quantize and output dequantize are stripped by to_tosa) and compiled
+by Vela (`torchtosa.vela.compile`) for each accelerator and system configuration of `CONFIGS`.
+The rows between the markers of docs/vela.md are replaced (`--check`: exit 1 if they would
+change; `--print`: print them only).
 
     make vela-report      # or .venv/bin/python scripts/vela_report.py (needs make vela, make tosa-tools)
 """
@@ -13,10 +15,10 @@ docs/vela.md are replaced (`--check`: exit 1 if they would change; `--print`: pr
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -25,10 +27,12 @@ from torch import nn
 
 import torchtosa
 from torchtosa import vela
+from torchtosa.quantizer import quantize
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "vela.md"
 BEGIN, END = "<!-- vela_report.py: begin -->", "<!-- vela_report.py: end -->"
+CALIBRATION = 4  # random batches the observers see
 
 # (accelerator, system configuration, memory mode); None: Vela's default for the accelerator
 CONFIGS = [("ethos-u85-256", None, None),
@@ -52,41 +56,51 @@ class ConvStack(nn.Module):
         return x
 
 
-def _test_quantized() -> ModuleType:
-    """tests/test_quantized.py, for its models and quantization helpers."""
-    path = ROOT / "tests" / "test_quantized.py"
-    spec = importlib.util.spec_from_file_location("torchtosa_test_quantized", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _int8_tests() -> ModuleType:
+    """tests/test_int8_models.py (its model builders, and `randomize` of the tests it imports)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import test_int8_models
+    return test_int8_models
 
 
-def models(tq: ModuleType) -> dict[str, tuple[nn.Module, tuple[int, ...], str]]:
-    """Name: (model, input shape, what it is)."""
+def models(t8: ModuleType) -> dict[str, tuple[Callable[[], nn.Module], tuple[int, ...], str]]:
+    """Name: (builder of the model, input shape, what it is)."""
+    build = {name: entry[0] for name, entry in t8.MODELS.items()}
+    return {"mlp": (build["mlp"], (8, 16), "Linear(16, 32)-ReLU-Linear(32, 32)-ReLU-Linear(32, 8), batch 8"),
+            "lenet_bn": (build["lenet_bn"], (1, 1, 28, 28), "LeNet-5, BatchNorm after each conv, 28x28"),
+            "resnet": (build["resnet"], (1, 3, 32, 32), "transformers ResNet (basic, 16-32 ch), mean-pooled"),
+            "mobilenet_v2": (build["mobilenet_v2"], (1, 3, 32, 32), "transformers MobileNetV2 (x0.35), mean-pooled"),
+            "convstack": (ConvStack, (1, 3, 64, 64), "4 Conv2d-ReLU (3x3, 2x2 of stride 2; 16-32-32-64 ch), 64x64")}
+
+
+def program_of(t8: ModuleType, build: Callable[[], nn.Module], shape: tuple[int, ...]) -> torchtosa.Program:
+    """The model (`randomize`d: PyTorch's seeded default initialization, random batch norm
+    statistics) quantized with TosaQuantizer on seeded random calibration, as `TOSA-1.0+INT`."""
+    model = t8.randomize(build())
     torch.manual_seed(0)
-    return {"mlp": (tq.MLP(), (8, 16), "Linear(16, 32)-ReLU-Linear(32, 8), batch 8"),
-            "convnet": (tq.ConvNet(), (1, 3, 32, 32), "Conv2d(3, 8, 3)-BatchNorm-ReLU-Conv2d(8, 4, 3), 32x32"),
-            "convstack": (ConvStack(), (1, 3, 64, 64), "4 Conv2d-ReLU (3x3, 2x2 of stride 2; 16-32-32-64 ch), 64x64")}
+    ep = quantize(model, (torch.randn(shape),), [(torch.randn(shape),) for _ in range(CALIBRATION)])
+    return torchtosa.to_tosa(ep, target="TOSA-1.0+INT", freeze=True)
 
 
 def rows() -> list[str]:
     """The table's rows in markdown."""
-    tq = _test_quantized()
+    t8 = _int8_tests()
     out = []
-    for name, (model, shape, about) in models(tq).items():
-        ep, x = tq.quantized(model, shape)
-        ep8, _ = tq.int8_edges(ep, x)
-        program = torchtosa.to_tosa(ep8, target="TOSA-1.0+INT", freeze=True)
+    for name, (build, shape, about) in models(t8).items():
+        program = program_of(t8, build, shape)
         declined = [g for g in program.groups if g.path != "integer"]
         if declined:
             raise SystemExit(f"{name}: groups kept the float path: {declined}")
-        print(f"{name}: {about}", file=sys.stderr)
+        print(f"{name}: {about}; {len(program.groups)} integer groups", file=sys.stderr)
         for accelerator, system, memory in CONFIGS:
             r = vela.compile(program, accelerator=accelerator, system_config=system, memory_mode=memory)
-            ops = ", ".join(f"{n} {k}" for k, n in sorted(Counter(r.npu_ops).items()))
+            kinds = Counter(r.npu_ops)
+            ops = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
             out.append(f"| {name} | {'x'.join(map(str, shape))} | {r.accelerator} | {r.system_config} | "
                        f"{r.memory_mode} | {len(r.npu_ops)}/{len(r.npu_ops) + len(r.cpu_ops)} ({ops}) | "
+                       f"{kinds['Transpose'] + Counter(r.cpu_ops)['Transpose']} | "
                        f"{r.macs:,} | {r.cycles:,} | {r.inference_time * 1e6:.2f} | {r.sram_used:.2f} | "
                        f"{r.dram_used:.2f} | {r.off_chip_flash_used + r.on_chip_flash_used:.2f} | "
                        f"{r.weights_original:,} / {r.weights_encoded:,} |")
@@ -94,9 +108,9 @@ def rows() -> list[str]:
     return out
 
 
-HEADER = ["| model | input | accelerator | system config | memory mode | ops on NPU | MACs | cycles | "
-          "inference µs | SRAM KiB | DRAM KiB | flash KiB | weights bytes (original / encoded) |",
-          "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+HEADER = ["| model | input | accelerator | system config | memory mode | ops on NPU | transposes | MACs | "
+          "cycles | inference µs | SRAM KiB | DRAM KiB | flash KiB | weights bytes (original / encoded) |",
+          "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
 
 def main() -> int:
