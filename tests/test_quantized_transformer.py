@@ -535,3 +535,35 @@ def test_tosa_quantized_vit_on_vela(tosa_quantized_vit: torch.export.ExportedPro
     assert ops["LUT"] == 6 and ops["MatMul"] > 0 and ops["Conv2D"] > 0 and ops["ReduceMax"] == 2, ops
     assert report.cycles > 0 and report.macs > 0
     print(f"Vela: {len(report.npu_ops)} NPU ops, {report.cycles} cycles, {report.macs} MACs")
+
+
+@pytest.mark.parametrize("f, scales, op", [
+    (lambda x: x * 0.25, (0.02, 5, 0.005, 5), "qmul_scalar"),  # the score scaling: an identity RESCALE
+    (lambda x: x * 0.7, (0.02, 5, 0.011, -7), "qmul_scalar"),
+    (lambda x: x * 3, (0.02, 5, 0.05, 0), "qmul_scalar"),  # an int constant
+    (lambda x: x.clone(), (0.02, 5, 0.02, 5), "qclone"),
+    (lambda x: x.clone(), (0.02, 5, 0.03, -9), "qclone"),
+])
+def test_scalar_mul_and_clone_groups(f, scales: tuple[float, int, float, int], op: str) -> None:
+    """DQ -> mul by a constant / clone -> Q as one int8 RESCALE (or none): TOSA-1.0+INT, native ==
+    reference bit for bit, within one quantum of PyTorch (exact where the RESCALE is the identity)."""
+    torch.manual_seed(1)
+    ep, program, native = compiled(Activation(f, scales), (int8(4, 64),))
+    assert [g.op for g in program.groups] == [f"torchtosa.{op}.default"] and program.groups[0].path == "integer"
+    identity = scales[0] * (0.25 if scales[2] == 0.005 else 1) == scales[2] and scales[1] == scales[3]
+    for _ in range(3):
+        q = int8(4, 64)
+        (got,), (ref,) = native(q), program.reference(q)
+        assert torch.equal(got, ref)
+        steps = (got.int() - ep.module()(q).int()).abs()
+        assert steps.max().item() <= (0 if identity else 1)
+
+
+def test_scalar_mul_declines_negative_constants() -> None:
+    """A RESCALE multiplier is positive: DQ -> mul by -0.5 -> Q keeps the float path, saying why."""
+    ep, program, native = compiled(Activation(lambda x: x * -0.5, (0.02, 5, 0.01, 0)), (int8(4, 16),),
+                                   "TOSA-1.0+FP+INT")
+    assert [g.path for g in program.groups] == ["float"] and "constant -0.5" in program.groups[0].reason
+    q = int8(4, 16)
+    (got,) = native(q)
+    assert (got.int() - ep.module()(q).int()).abs().max().item() <= 1
