@@ -7,4 +7,5 @@ from . import (
     matmul,  # noqa: F401  registers torch.ops.torchtosa.qlinear / qconv2d
     pool,  # noqa: F401  registers the pooling and shape group ops (qmax_pool2d, qview, ...)
     table,  # noqa: F401  registers torch.ops.torchtosa.qunary / qmatmul / qsoftmax / qlayernorm
+    vit,  # noqa: F401  registers torch.ops.torchtosa.qclone / qmul_scalar
 )
