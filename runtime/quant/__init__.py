@@ -6,6 +6,6 @@ from . import (
     eltwise,  # noqa: F401  registers torch.ops.torchtosa.qadd / qsub / qmul / qclamp / qcat
     matmul,  # noqa: F401  registers torch.ops.torchtosa.qlinear / qconv2d
     pool,  # noqa: F401  registers the pooling and shape group ops (qmax_pool2d, qview, ...)
+    rescale,  # noqa: F401  registers torch.ops.torchtosa.qclone / qmul_scalar (one RESCALE)
     table,  # noqa: F401  registers torch.ops.torchtosa.qunary / qmatmul / qsoftmax / qlayernorm
-    vit,  # noqa: F401  registers torch.ops.torchtosa.qclone / qmul_scalar
 )

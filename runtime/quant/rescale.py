@@ -1,9 +1,9 @@
-"""Quantized groups a transformer (ViT) adds under the TosaQuantizer: dropout's clone between a
-dequantize and a quantize (an identity) and the scaling of attention scores by a float
-constant (mul by a Python scalar).
+"""Quantized groups that are one RESCALE of the int8 values: dropout's clone between a
+dequantize and a quantize (an identity), and a multiplication by a float constant (a ViT's
+attention score scaling under the TosaQuantizer).
 
 Each op computes what its group computes in PyTorch: dequantize the int8 input (per tensor),
-the float op, quantize (per tensor). Their lowerings (opdefs/quantize_vit.yaml) keep the int8
+the float op, quantize (per tensor). Their lowerings (opdefs/quantize_rescale.yaml) keep the int8
 values and RESCALE only by the ratio of the scales (times the constant).
 """
 
