@@ -8,9 +8,11 @@ producer matching one subtree (`[name, ...]`: its `$name`s bind lists, one value
 A fit becomes one call of the op, with its arguments converted by the op's schema: a
 `float[]`/`int[]` argument bound to a node takes that node's constant value (a frozen graph's
 `get_attr`), so the lowering's rules compute with the numbers. The call replaces the root only
-if the entry's own rules accept it (check-only, as support.py asks); otherwise the group stays
-and its nodes are lowered one by one (the float path). Nodes of the group that other nodes
-still use stay in the graph.
+if the entry's own rules accept it (check-only, as support.py asks); otherwise the next pattern
+that fits the node is tried (a `$name` may bind a node where the op wants a number), and if
+none is accepted the group stays and its nodes are lowered one by one (the float path, with
+the first declining entry's reason). Nodes of the group that other nodes still use stay in
+the graph.
 """
 
 from __future__ import annotations
@@ -54,13 +56,20 @@ def rewrite_groups(gm: fx.GraphModule) -> list[Group]:
     if not table:
         return groups
     for node in list(gm.graph.nodes):
+        declined: Group | None = None  # a fit whose op declined it: a later pattern may still take the node
         for pattern in table:
             try:
                 binds = _bind(pattern, pattern.root, node, {})
             except _NoMatch:
                 continue
-            groups.append(_replace(gm, pattern, node, binds))
-            break
+            group = _replace(gm, pattern, node, binds)
+            if group.path == "integer":
+                groups.append(group)
+                break
+            declined = declined or group
+        else:
+            if declined is not None:
+                groups.append(declined)
     gm.graph.eliminate_dead_code()
     gm.graph.lint()
     gm.recompile()
