@@ -122,16 +122,13 @@ def to_tosa(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
     # node groups with a lowering of their own (quantized DQ -> op -> Q groups as integer
     # TOSA): their patterns need the frozen constants, before folding computes them away; a
     # target without the INT profile keeps the float path
-    integer = target in (None, "auto") or "INT" in Target.parse(target).profiles
-    groups = rewrite_groups(gm) if freeze and integer else []
+    aim = None if target in (None, "auto") else Target.parse(target)
+    groups = rewrite_groups(gm) if freeze and (aim is None or "INT" in aim.profiles) else []
     # a target without FP has no float tensors: a quantized model takes and returns its int8 values
-    edges = integer_edges(gm) if target not in (None, "auto") and "FP" not in Target.parse(target).profiles else None
+    edges = integer_edges(gm) if aim is not None and "FP" not in aim.profiles else None
     if freeze or target is not None:
         fold_constants(gm)
-    if target != "auto":
-        program = import_graph(gm, aim=None if target is None else Target.parse(target))
-    else:
-        program = _most_conformant(gm)
+    program = import_graph(gm, aim=aim) if target != "auto" else _most_conformant(gm)
     program.groups = groups
     if edges is not None:
         program.input_quantization = [edges[0][i] for i in program.arguments]

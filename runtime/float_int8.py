@@ -34,7 +34,7 @@ from mlir import ir
 
 from . import vnni
 from .irutil import find_ops
-from .zero_points import constant
+from .zero_points import constant, int_width
 
 EXACT_TERMS = 1024  # products of two int8 values whose sum is exact in f32: 1024 * 2^14 = 2^24
 
@@ -52,16 +52,10 @@ def fast_int8_contractions(module: ir.Module) -> None:
                 _conv2d(op)
 
 
-def _int_width(value: ir.Value) -> int | None:
-    t = ir.RankedTensorType(value.type)
-    element = t.element_type
-    return element.width if isinstance(element, ir.IntegerType) and element.is_signless else None
-
-
 def _int8_contraction(op: ir.Operation) -> bool:
     """Static int8 operands, an i32 result, and zero points that are constant zeros."""
     operands = list(op.operands)
-    if _int_width(operands[0]) != 8 or _int_width(operands[1]) != 8 or _int_width(op.results[0]) != 32:
+    if int_width(operands[0].type) != 8 or int_width(operands[1].type) != 8 or int_width(op.results[0].type) != 32:
         return False
     if not all(ir.RankedTensorType(v.type).has_static_shape for v in [*operands[:2], op.results[0]]):
         return False
@@ -245,7 +239,7 @@ def _vnni_conv2d(op: ir.Operation, emit: _Emit, x: ir.Value, w: np.ndarray, bias
 def _conv2d(op: ir.Operation) -> None:
     x, w, bias = list(op.operands)[:3]
     channels_out, kh, kw, channels_in = ir.RankedTensorType(w.type).shape
-    if kh * kw > EXACT_TERMS or _int_width(bias) != 32:
+    if kh * kw > EXACT_TERMS or int_width(bias.type) != 32:
         return
     emit = _Emit(op)
     weight = constant(w)

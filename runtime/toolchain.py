@@ -86,6 +86,17 @@ def host_cpu() -> str:
     return "native"
 
 
+@functools.cache
+def host_has(flag: str) -> bool:
+    """Whether the host CPU (what the JIT and `-mcpu=native` compile for) reports an instruction
+    set flag of /proc/cpuinfo, such as "avx512f"."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and f" {flag}" in line for line in f)
+    except OSError:
+        return False
+
+
 def undefined_symbols(obj: Path) -> set[str]:
     """The symbols an object file calls but does not define."""
     out = run([llvm_tool("llvm-nm"), "--undefined-only", "--just-symbol-name", str(obj)], what="llvm-nm")

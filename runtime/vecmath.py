@@ -27,6 +27,7 @@ from mlir.passmanager import PassManager
 from mlir.runtime import get_ranked_memref_descriptor
 
 from .irutil import find_ops
+from .toolchain import host_has
 
 # math op -> libmvec base name (float variant appends "f")
 FUNCTIONS = {
@@ -48,7 +49,7 @@ def symbol(base: str, width: int) -> str:
 def library() -> str | None:
     """The path of libmvec if this process can call its AVX-512 functions, else None."""
     path = ctypes.util.find_library("mvec")
-    if path is None or not _has_avx512():
+    if path is None or not host_has("avx512f"):
         return None
     try:
         lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
@@ -89,14 +90,6 @@ def _probe(path: str, width: int) -> bool:
     with np.errstate(over="ignore"):
         expected = np.exp(x)
     return bool(np.allclose(y, expected, rtol=1e-6, atol=0.0, equal_nan=True))
-
-
-def _has_avx512() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and " avx512f" in line for line in f)
-    except OSError:
-        return False
 
 
 def use_vector_library(module: ir.Module) -> None:

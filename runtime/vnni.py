@@ -19,12 +19,13 @@ this size never reach). Used where the host has AVX512-VNNI; elsewhere `float_in
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 
 import numpy as np
 from mlir import ir
+
+from .toolchain import host_has
 
 ROWS = 8  # rows of a register tile
 LANES = 16  # i32 lanes of a 512-bit vector
@@ -32,14 +33,9 @@ PANEL = 2 * LANES  # columns of a register tile
 INSTRUCTION = "torchtosa_vpdpbusd"  # the placeholder function of the instruction
 
 
-@functools.cache
 def available() -> bool:
     """Whether the host CPU has AVX512-VNNI (the JIT and export_library compile for the host)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and " avx512_vnni" in line for line in f)
-    except OSError:
-        return False
+    return host_has("avx512_vnni")
 
 
 def fits(m: int, k: int, n: int) -> bool:

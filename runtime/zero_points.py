@@ -29,7 +29,7 @@ def separate_zero_points(module: ir.Module) -> None:
     """Rewrite each int8 matmul/conv2d/depthwise_conv2d with a non-zero constant zero point."""
     with module.context, ir.Location.unknown():
         for op in find_ops(module, lambda o: o.name in _OPS):
-            if _element(op.operands[0].type) != 8:
+            if int_width(op.operands[0].type) != 8:
                 continue
             if op.name == "tosa.matmul":
                 _matmul(op)
@@ -37,7 +37,7 @@ def separate_zero_points(module: ir.Module) -> None:
                 _convolution(op)
 
 
-def _element(t: ir.Type) -> int | None:
+def int_width(t: ir.Type) -> int | None:
     """The bit width of a tensor of signless integers, else None."""
     element = ir.RankedTensorType(t).element_type
     return element.width if isinstance(element, ir.IntegerType) and element.is_signless else None
@@ -151,7 +151,7 @@ def _matmul(op: ir.Operation) -> None:
 def _convolution(op: ir.Operation) -> None:
     x, w, bias, x_zp, w_zp = op.operands
     zx, zw = _zero_point(x_zp), _zero_point(w_zp)
-    if zx is None or zw != 0 or zx == 0 or _element(bias.type) != 32:
+    if zx is None or zw != 0 or zx == 0 or int_width(bias.type) != 32:
         return
     emit = _Emit(op)
     pad = list(ir.DenseI64ArrayAttr(op.attributes["pad"]))

@@ -13,12 +13,14 @@ here (printed), with a margin.
 from __future__ import annotations
 
 import collections
+import importlib.util
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
 from test_quantized_cnn import mobilenet_v2, randomize, resnet
 from test_quantizer import MLP, check_each_quantize
-from torch import nn
 
 import torchtosa
 from torchtosa import vela
@@ -26,19 +28,16 @@ from torchtosa.execute import NativeFunction
 from torchtosa.quantizer import quantize
 
 
-class LeNet(nn.Module):
-    """LeNet-5 with batch norm after each conv (folded into the conv by convert_pt2e)."""
+def _example() -> ModuleType:
+    """examples/int8_lenet.py, the README's int8 walk-through (its LeNet is tested here too)."""
+    path = Path(__file__).resolve().parent.parent / "examples" / "int8_lenet.py"
+    spec = importlib.util.spec_from_file_location("int8_lenet", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(1, 6, 5), nn.BatchNorm2d(6), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(6, 16, 5), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2))
-        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(16 * 4 * 4, 120), nn.ReLU(), nn.Linear(120, 84),
-                                        nn.ReLU(), nn.Linear(84, 10))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x))
+EXAMPLE = _example()
 
 
 # name -> (builder, input shape, largest difference from PyTorch in quanta, fraction of outputs
@@ -47,7 +46,7 @@ class LeNet(nn.Module):
 # the layer before), resnet 2 of 128, mobilenet_v2 50 of 5120; none further.
 MODELS = {
     "mlp": (MLP, (64, 16), 1, 0.02, False),
-    "lenet_bn": (LeNet, (8, 1, 28, 28), 1, 0.15, True),
+    "lenet_bn": (EXAMPLE.LeNet, (8, 1, 28, 28), 1, 0.15, True),
     "resnet": (resnet, (1, 3, 32, 32), 1, 0.05, True),
     "mobilenet_v2": (mobilenet_v2, (1, 3, 32, 32), 1, 0.05, True),
 }
@@ -89,14 +88,7 @@ def test_int8_model(name: str) -> None:
 def test_example_int8_lenet(tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]) -> None:
     """examples/int8_lenet.py (the README's int8 walk-through) runs: every group integer, a
     .tosa file, the reference model within one quantum of PyTorch, Vela all on the NPU."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "examples" / "int8_lenet.py"
-    spec = importlib.util.spec_from_file_location("int8_lenet", path)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    example.main(tmp_path)
+    EXAMPLE.main(tmp_path)
     out = capsys.readouterr().out
     assert out.count("(integer path)") == 8 and "float path" not in out
     assert (tmp_path / "lenet_int8.tosa").stat().st_size > 0

@@ -84,6 +84,14 @@ def compiled(model: nn.Module, args: tuple[torch.Tensor, ...], target: str = "TO
     return ep, program, NativeFunction(program.module, program.inputs, program.outputs, name=program.name)
 
 
+
+def one_off(got: torch.Tensor, want: torch.Tensor) -> float:
+    """The fraction of int8 outputs one quantum away from PyTorch's, none further (asserted)."""
+    steps = (got.int() - want.int()).abs()
+    assert steps.max().item() <= 1
+    return (steps > 0).float().mean().item()
+
+
 def test_unary_functions_are_the_tested_ones() -> None:
     assert set(UNARY) == set(ACTIVATIONS)
 
@@ -162,9 +170,7 @@ def test_activation_matmul(name: str) -> None:
         want = ep.module()(qa, qb)
         assert got.dtype == torch.int8 and torch.equal(got, ref)
         assert ((want == -128) | (want == 127)).float().mean().item() < 0.05  # few saturate
-        steps = (got.int() - want.int()).abs()
-        assert steps.max().item() <= 1
-        offs.append((steps > 0).float().mean().item())
+        offs.append(one_off(got, want))
     assert max(offs) <= MATMUL_OFF_BY_ONE, offs
     print(f"{name}: {max(offs):.2%} of {got.numel()} outputs one quantum off")
 
@@ -225,9 +231,7 @@ def test_softmax_integer(name: str) -> None:
         want = ep.module()(q)
         assert got.dtype == torch.int8 and torch.equal(got, ref)
         assert (want > -128).float().mean().item() > 0.05  # not all underflow to zero
-        steps = (got.int() - want.int()).abs()
-        assert steps.max().item() <= 1
-        offs.append((steps > 0).float().mean().item())
+        offs.append(one_off(got, want))
     assert max(offs) <= SOFTMAX_OFF_BY_ONE, offs
     print(f"{name}: {max(offs):.3%} of {got.numel()} outputs one quantum off")
 
@@ -294,9 +298,7 @@ def test_layernorm_integer(name: str) -> None:
     want = ep.module()(q)
     assert got.dtype == torch.int8 and torch.equal(got, ref)
     assert ((want == -128) | (want == 127)).float().mean().item() < 0.05
-    steps = (got.int() - want.int()).abs()
-    assert steps.max().item() <= 1
-    off = (steps > 0).float().mean().item()
+    off = one_off(got, want)
     assert off <= LAYERNORM_OFF_BY_ONE
     print(f"{name}: {off:.3%} of {got.numel()} outputs one quantum off")
 
