@@ -32,6 +32,7 @@ static tiles (`_Remainders`). Contractions with dynamic rows or batch are packed
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 
 from mlir import ir
@@ -47,6 +48,8 @@ TRANSPOSE_TILE = 16  # transposes: 16 x 16 tiles
 _CONTRACTIONS = {"linalg.batch_matmul": 1, "linalg.matmul": 0}  # op -> number of batch loops
 _CONV = "linalg.conv_2d_nhwc_fhwc"  # loops (n, oh, ow, f, kh, kw, c)
 PARALLEL_MIN_MACS = 1 << 24  # smaller contractions stay on the calling thread (4M was no faster)
+SPLIT_MIN_MACS = 1 << 20  # smaller convolutions and batch or unpacked contractions stay serial
+SPLIT_MIN_ELEMENTS = 1 << 16  # smaller other ops (in loop iterations: elementwise, reductions) stay serial
 DYNAMIC_SIZE_GUESS = 64  # what _parallel_worth assumes a size known at run time only to be
 _PLAIN_MAPS = {
     "linalg.batch_matmul": "[affine_map<(d0, d1, d2, d3) -> (d0, d1, d3)>, affine_map<(d0, d1, d2, d3) -> "
@@ -61,8 +64,8 @@ Extent = int | None  # a loop's size; None if known at run time only
 # tile sizes, order of the tile loops, the loops whose last tile may be partial (a dynamic size,
 # see `_Remainders`), and which of those are a matmul's rows
 Tiling = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
-# (conv or "", tile sizes, loop order, partial loops, rows loops)
-Key = tuple[str, tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+# (conv or "", tile sizes, loop order, partial loops, rows loops, thread split: (loop, chunk) or ())
+Key = tuple[str, tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
 # After tiling and vectorizing: contractions become outer products with their accumulators in
 # registers; vector transfers and reductions are lowered to what the LLVM lowering handles.
@@ -110,9 +113,11 @@ def schedule(module: ir.Module, parallel: bool = False) -> None:
     split_prologues(module)
     collapse_reductions(module)
     pack_panels(module, parallel)
+    chunks = threads() if parallel else 1
     groups: dict[Key, list[ir.Operation]] = {}
     for op, tiling in plans(module):
-        groups.setdefault((_CONV if op.name == _CONV else "", *tiling), []).append(op)
+        split = thread_split(op, tiling, chunks)
+        groups.setdefault((_CONV if op.name == _CONV else "", *tiling, split), []).append(op)
     if not groups:
         return
     with module.context, ir.Location.unknown():
@@ -164,14 +169,62 @@ def pack_panels(module: ir.Module, parallel: bool = False) -> None:
                 continue  # a dynamic column count: its last panel would be partial
             source = _panel_source(op, loops, sizes)
             if source is not None:
-                forall = parallel and _parallel_worth(loops)
+                forall = parallel and threads() > 1 and _parallel_worth(loops, _CONTRACTIONS[op.name])
                 _column_panels(op, source, sizes[-2], forall)
 
 
-def _parallel_worth(loops: tuple[Extent, ...]) -> bool:
-    """Whether a contraction of these loop sizes is split across threads: at least
-    PARALLEL_MIN_MACS multiply-adds, a dynamic size counted as DYNAMIC_SIZE_GUESS."""
-    return math.prod(DYNAMIC_SIZE_GUESS if n is None else n for n in loops) >= PARALLEL_MIN_MACS
+def _parallel_worth(loops: tuple[Extent, ...], batch: int) -> bool:
+    """Whether a contraction of these loop sizes (with `batch` batch loops) is split across
+    threads: at least PARALLEL_MIN_MACS multiply-adds, or SPLIT_MIN_MACS for a batch of at least
+    two (whose threads take whole matrices), a dynamic size counted as DYNAMIC_SIZE_GUESS."""
+    sizes = [DYNAMIC_SIZE_GUESS if n is None else n for n in loops]
+    batched = batch and math.prod(sizes[:batch]) >= 2
+    return math.prod(sizes) >= (SPLIT_MIN_MACS if batched else PARALLEL_MIN_MACS)
+
+
+def threads() -> int:
+    """How many OpenMP threads run a parallel region: OMP_NUM_THREADS (its first level) if set,
+    else one per core this process may run on, as the OpenMP runtime decides."""
+    setting = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if setting.isdigit() and int(setting) > 0:
+        return int(setting)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def thread_split(op: ir.Operation, tiling: Tiling, chunks: int) -> tuple[int, ...]:
+    """(loop, chunk size) splitting `op` into `chunks` chunks, one per thread, or () to leave it on
+    the calling thread.
+
+    Split: convolutions and contractions of at least SPLIT_MIN_MACS multiply-adds, other ops of
+    at least SPLIT_MIN_ELEMENTS loop iterations, that are not in a loop already (a packed
+    contraction's column panels decide for themselves, `pack_panels`) and have all static sizes.
+    The split loop is the outermost parallel loop (in tile-loop order) that divides into `chunks`
+    equal chunks of whole tiles, so each chunk tiles exactly as the whole op did.
+    """
+    sizes, order, partial, _ = tiling
+    loops = _loop_sizes(op)
+    if chunks < 2 or partial or loops is None or None in loops or op.parent.name != "func.func":
+        return ()
+    macs = op.name == _CONV or _matmul_loops(op) is not None
+    if math.prod(loops) < (SPLIT_MIN_MACS if macs else SPLIT_MIN_ELEMENTS):
+        return ()
+    parallel = _parallel_loops(op, len(loops))
+    for d in order:
+        if d in parallel and loops[d] % (chunks * sizes[d]) == 0:
+            return (d, loops[d] // chunks)
+    return ()
+
+
+def _parallel_loops(op: ir.Operation, n_loops: int) -> set[int]:
+    """The loops of a linalg op this schedule tiles whose iterations are independent."""
+    if op.name in _CONTRACTIONS:
+        return set(range(n_loops - 1))  # all but k
+    if op.name == _CONV:
+        return {0, 1, 2, 3}  # n, oh, ow, f
+    if op.name != "linalg.generic":
+        return set(range(n_loops))  # fill, transpose, copy
+    kinds = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+    return {d for d, kind in enumerate(kinds) if "parallel" in kind}
 
 
 def _panel_source(op: ir.Operation, loops: tuple[Extent, ...], sizes: tuple[int, ...]) -> ir.Operation | None:
@@ -730,8 +783,8 @@ def _tile(n: Extent, target: int) -> int:
 
 
 def _key(key: Key) -> str:
-    kind, sizes, order, partial, rows = key
-    parts = [kind, "x".join(map(str, sizes)), *(".".join(map(str, x)) for x in (order, partial, rows))]
+    kind, sizes, order, partial, rows, split = key
+    parts = [kind, "x".join(map(str, sizes)), *(".".join(map(str, x)) for x in (order, partial, rows, split))]
     return ":".join(parts)
 
 
@@ -749,17 +802,25 @@ def _script(groups: dict[Key, list[ir.Operation]]) -> str:
     any_op = "!transform.any_op"
     peeled = []
     for i, key in enumerate(groups):
-        kind, sizes, order, partial, _ = key
+        kind, sizes, order, partial, _, split = key
         lines.append(f"  %ops{i} = {_match(_key(key))}")
         if partial:
             peeled.append(i)
             lines += _Remainders(key, f"g{i}_").dim(f"%ops{i}", 0)
             continue
         results = ", ".join([any_op] * (1 + len(sizes)))
+        target = f"%ops{i}"
         if kind == _CONV:  # filter to HWCF, then each tile (one output row, one filter tap) is a 1-D conv
             lines.append(f"  %ops{i}_hwcf = transform.structured.transpose_conv2d %ops{i} : ({any_op}) -> {any_op}")
+            target = f"%ops{i}_hwcf"
+        if split:  # one chunk per thread: an scf.forall, the register tiles inside each chunk
+            loop, chunk = split
+            chunks = ", ".join(str(chunk if d == loop else 0) for d in range(len(sizes)))
+            lines.append(f"  %chunk{i}, %forall{i} = transform.structured.tile_using_forall {target}"
+                         f" tile_sizes [{chunks}] : ({any_op}) -> ({any_op}, {any_op})")
+            target = f"%chunk{i}"
         lines.append(f"  %tiled{i}, %loops{i}:{len(sizes)} = transform.structured.tile_using_for "
-                     f"%ops{i}{'_hwcf' if kind == _CONV else ''} tile_sizes [{', '.join(map(str, sizes))}]"
+                     f"{target} tile_sizes [{', '.join(map(str, sizes))}]"
                      f" interchange = [{', '.join(map(str, order))}]"
                      f" : ({any_op}) -> ({results})")
         if kind == _CONV:
@@ -792,7 +853,7 @@ class _Remainders:
     """
 
     def __init__(self, key: Key, prefix: str) -> None:
-        _, self.sizes, self.order, partial, self.rows = key
+        _, self.sizes, self.order, partial, self.rows, _ = key
         self.partial = sorted(partial, key=self.order.index)
         self.match = _key(key)
         self.prefix = prefix

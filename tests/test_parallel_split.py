@@ -1,0 +1,106 @@
+"""opt="parallel" splits every op with enough work across threads (`schedule.thread_split`):
+convolutions, batch matmuls, reductions and elementwise ops, each an scf.forall of one chunk per
+thread (an OpenMP region once lowered), the register tiles inside each chunk; small ops stay on
+the calling thread. Results match eager."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from mlir import ir
+from torch import nn
+
+import torchtosa
+from torchtosa import schedule
+from torchtosa.execute import _prepare
+from torchtosa.pipeline import lower
+
+
+class _Bmm(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(a, b)
+
+
+class _Attention(nn.Module):
+    """softmax(q k^T / 8) v over 8 heads: batch contractions around a row reduction."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(q @ k.transpose(-1, -2) / 8.0, dim=-1) @ v
+
+
+def _cases() -> dict[str, tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]]]:
+    """Each kind of op at a size above the split threshold."""
+    return {
+        "conv": (nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.ReLU()).eval(), (torch.randn(1, 16, 32, 32),)),
+        "bmm": (_Bmm(), (torch.randn(8, 64, 96), torch.randn(8, 96, 64))),
+        "attention": (_Attention(), tuple(torch.randn(2, 8, 64, 64) for _ in range(3))),
+        "softmax": (lambda x: torch.softmax(x, dim=-1), (torch.randn(256, 512),)),
+        "layer_norm": (nn.LayerNorm(512).eval(), (torch.randn(4, 64, 512),)),
+        "elementwise": (lambda x, y: torch.tanh(x) * y + 1.0, (torch.randn(256, 512), torch.randn(256, 512))),
+        "sum": (lambda x: x.sum(dim=-1), (torch.randn(512, 256),)),
+    }
+
+
+def _lowered(fn: Callable[..., torch.Tensor], args: tuple[torch.Tensor, ...], stop_before: str) -> list[str]:
+    """The names of the ops of `fn`'s module lowered with opt="parallel" up to `stop_before`."""
+    program = torchtosa.to_tosa(fn, *args, target=None)
+    module = _prepare(program.module, "forward", tuple(program.inputs), tuple(program.outputs))
+    lower(module, "parallel", stop_before=stop_before)
+    names: list[str] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        names.append(op.name)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return names
+
+
+@pytest.mark.parametrize("name", list(_cases()))
+def test_large_ops_run_on_threads(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    fn, args = _cases()[name]
+    assert "scf.forall" in _lowered(fn, args, "bufferize")
+    assert {"omp.parallel", "omp.wsloop"} <= set(_lowered(fn, args, "llvm"))
+    with torch.no_grad():
+        torch.testing.assert_close(torchtosa.compile(fn, *args, opt="parallel")(*args), fn(*args),
+                                   rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["conv", "softmax", "elementwise"])
+def test_small_ops_stay_on_the_calling_thread(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    fn, args = _cases()[name]
+    small = tuple(a[..., :8, :8] for a in args)  # far below the split thresholds
+    assert "omp.parallel" not in _lowered(fn, small, "llvm")
+    with torch.no_grad():
+        torch.testing.assert_close(torchtosa.compile(fn, *small, opt="parallel")(*small), fn(*small),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_one_thread_splits_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    fn, args = _cases()["elementwise"]
+    assert "scf.forall" not in _lowered(fn, args, "bufferize")
+
+
+def test_threads_follow_omp_num_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "3,2")  # nested levels: the first is the outer region's
+    assert schedule.threads() == 3
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert schedule.threads() >= 1
+
+
+def test_split_loop_divides_into_whole_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For 3 threads, an elementwise op over [6, 24576] splits its rows; over [5, 24576] its
+    columns, in chunks of whole vector tiles; over [5, 26000] (tiles of 52) nothing divides into 3
+    equal chunks of whole tiles, so it stays on the calling thread."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    for shape, split in (((6, 24576), (0, 2)), ((5, 24576), (1, 8192)), ((5, 26000), ())):
+        program = torchtosa.to_tosa(lambda x: torch.exp(x) * 2.0, torch.randn(shape), target=None)
+        module = _prepare(program.module, "forward", tuple(program.inputs), tuple(program.outputs))
+        lower(module, "parallel", stop_before="schedule")
+        found = [schedule.thread_split(op, tiling, schedule.threads()) for op, tiling in schedule.plans(module)]
+        assert found == [split], (shape, found)
