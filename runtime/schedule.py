@@ -47,6 +47,10 @@ TRANSPOSE_TILE = 16  # transposes: 16 x 16 tiles
 
 _CONTRACTIONS = {"linalg.batch_matmul": 1, "linalg.matmul": 0}  # op -> number of batch loops
 _CONV = "linalg.conv_2d_nhwc_fhwc"  # loops (n, oh, ow, f, kh, kw, c)
+# not tiled, but split across threads: loops (output dims..., kh, kw), the window the second operand
+_WINDOWED = ("linalg.pooling_nhwc_max", "linalg.pooling_nhwc_min", "linalg.pooling_nhwc_sum",
+             "linalg.depthwise_conv_2d_nhwc_hwc", "linalg.depthwise_conv_2d_nhwc_hwcm")
+_WINDOW = "window"
 PARALLEL_MIN_MACS = 1 << 24  # smaller contractions stay on the calling thread (4M was no faster)
 SPLIT_MIN_MACS = 1 << 20  # smaller convolutions and batch or unpacked contractions stay serial
 SPLIT_MIN_ELEMENTS = 1 << 16  # smaller other ops (in loop iterations: elementwise, reductions) stay serial
@@ -118,6 +122,10 @@ def schedule(module: ir.Module, parallel: bool = False) -> None:
     for op, tiling in plans(module):
         split = thread_split(op, tiling, chunks)
         groups.setdefault((_CONV if op.name == _CONV else "", *tiling, split), []).append(op)
+    for op in find_ops(module, lambda op: op.name in _WINDOWED):
+        split = _window_split(op, chunks)
+        if split:
+            groups.setdefault((_WINDOW, (), (), (), (), split), []).append(op)
     if not groups:
         return
     with module.context, ir.Location.unknown():
@@ -213,6 +221,19 @@ def thread_split(op: ir.Operation, tiling: Tiling, chunks: int) -> tuple[int, ..
         if d in parallel and loops[d] % (chunks * sizes[d]) == 0:
             return (d, loops[d] // chunks)
     return ()
+
+
+def _window_split(op: ir.Operation, chunks: int) -> tuple[int, ...]:
+    """(loop, chunk size) splitting a pooling or depthwise convolution (`_WINDOWED`, which the
+    schedule leaves as plain loops) into `chunks` chunks along its outermost output dimension of
+    a size that divides evenly, if it has at least SPLIT_MIN_ELEMENTS output elements x window
+    positions; else ()."""
+    out, window = (_shape(v) for v in (op.results[0], op.operands[1]))
+    if chunks < 2 or op.parent.name != "func.func" or None in out or None in window:
+        return ()
+    if math.prod(out) * math.prod(window[:2]) < SPLIT_MIN_ELEMENTS:
+        return ()
+    return next(((d, n // chunks) for d, n in enumerate(out) if n % chunks == 0), ())
 
 
 def _parallel_loops(op: ir.Operation, n_loops: int) -> set[int]:
@@ -807,6 +828,12 @@ def _script(groups: dict[Key, list[ir.Operation]]) -> str:
         if partial:
             peeled.append(i)
             lines += _Remainders(key, f"g{i}_").dim(f"%ops{i}", 0)
+            continue
+        if kind == _WINDOW:  # split across threads, each chunk plain loops
+            loop, chunk = split
+            chunks = ", ".join(str(chunk if d == loop else 0) for d in range(loop + 1))
+            lines.append(f"  %chunk{i}, %forall{i} = transform.structured.tile_using_forall %ops{i}"
+                         f" tile_sizes [{chunks}] : ({any_op}) -> ({any_op}, {any_op})")
             continue
         results = ", ".join([any_op] * (1 + len(sizes)))
         target = f"%ops{i}"

@@ -34,6 +34,8 @@ def _cases() -> dict[str, tuple[Callable[..., torch.Tensor], tuple[torch.Tensor,
     """Each kind of op at a size above the split threshold."""
     return {
         "conv": (nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.ReLU()).eval(), (torch.randn(1, 16, 32, 32),)),
+        "pool": (nn.MaxPool2d(2).eval(), (torch.randn(1, 32, 64, 64),)),
+        "depthwise": (nn.Conv2d(32, 32, 3, padding=1, groups=32).eval(), (torch.randn(1, 32, 48, 48),)),
         "bmm": (_Bmm(), (torch.randn(8, 64, 96), torch.randn(8, 96, 64))),
         "attention": (_Attention(), tuple(torch.randn(2, 8, 64, 64) for _ in range(3))),
         "softmax": (lambda x: torch.softmax(x, dim=-1), (torch.randn(256, 512),)),
@@ -58,10 +60,37 @@ def _lowered(fn: Callable[..., torch.Tensor], args: tuple[torch.Tensor, ...], st
     return names
 
 
+# the op of each case that runs on threads
+_SPLIT_OP = {"conv": "linalg.conv_2d_nhwc_fhwc", "pool": "linalg.pooling_nhwc_max", "bmm": "linalg.batch_matmul"}
+
+
+def _split_ops(fn: Callable[..., torch.Tensor], args: tuple[torch.Tensor, ...],
+               monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    """The names of the ops the schedule runs on threads: split by `thread_split` or
+    `_window_split`, or in a packed contraction's parallel panel loop."""
+    found: set[str] = set()
+    script = schedule._script
+
+    def recording(groups: dict) -> str:
+        for key, ops in groups.items():
+            found.update(op.name for op in ops if key[-1] or op.parent.name == "scf.forall")
+        return script(groups)
+
+    monkeypatch.setattr(schedule, "_script", recording)
+    _lowered(fn, args, "bufferize")
+    monkeypatch.setattr(schedule, "_script", script)
+    return found
+
+
 @pytest.mark.parametrize("name", list(_cases()))
 def test_large_ops_run_on_threads(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     fn, args = _cases()[name]
+    split = _split_ops(fn, args, monkeypatch)
+    if name == "depthwise":
+        assert any(op.startswith("linalg.depthwise_conv_2d") for op in split), split
+    else:
+        assert _SPLIT_OP.get(name, "linalg.generic") in split, split
     assert "scf.forall" in _lowered(fn, args, "bufferize")
     assert {"omp.parallel", "omp.wsloop"} <= set(_lowered(fn, args, "llvm"))
     with torch.no_grad():
@@ -69,7 +98,7 @@ def test_large_ops_run_on_threads(name: str, monkeypatch: pytest.MonkeyPatch) ->
                                    rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["conv", "softmax", "elementwise"])
+@pytest.mark.parametrize("name", ["conv", "pool", "depthwise", "bmm", "softmax", "elementwise"])
 def test_small_ops_stay_on_the_calling_thread(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     fn, args = _cases()[name]
