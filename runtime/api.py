@@ -445,8 +445,9 @@ def compile(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
     size of 1 there compiles a graph of its own).
 
     `opt` picks the lowering (see `torchtosa.pipeline.OPT_LEVELS`): "default" tiles and vectorizes
-    (one thread), "parallel" also splits large matmuls' column panels across one OpenMP thread per
-    core (OMP_NUM_THREADS sets how many), "none" is the plain reference lowering to loops, kept for debugging.
+    (one thread), "parallel" also splits every large op (matmuls, convolutions, reductions,
+    elementwise ops) across one OpenMP thread per core (OMP_NUM_THREADS, read when compiling, sets
+    how many), "none" is the plain reference lowering to loops, kept for debugging.
     `fallback="eager"` runs ops TOSA can't lower with PyTorch between native regions of at least
     `min_region_ops` ops (and a function with graph breaks graph by graph); `fallback="error"`
     raises `Unsupported` instead. `explain()` on the result says what runs where.

@@ -87,8 +87,9 @@ PIPELINES: dict[str, str] = {
     "buffer-results-to-out-params{hoist-static-allocs=true "
     "modify-public-functions=true},"
     "func.func(buffer-loop-hoisting),buffer-deallocation-pipeline)",
-    # opt="parallel" only: the column-panel loops of matmuls (scf.forall) become OpenMP worksharing
-    # loops (statically scheduled: a contiguous block of panels per thread), run by the OpenMP
+    # opt="parallel" only: the column-panel loops of matmuls and the per-thread chunks of other
+    # large ops (scf.forall, `schedule.thread_split`) become OpenMP worksharing loops (statically
+    # scheduled: a contiguous block of iterations per thread), run by the OpenMP
     # runtime of the `intel-openmp` package (libiomp5), whose idle workers spin a while before
     # sleeping: a region starts in microseconds instead of waking a sleeping thread pool.
     "openmp": "builtin.module(func.func(scf-forall-to-parallel),convert-scf-to-openmp)",

@@ -13,7 +13,7 @@ exactly as in the reference pipeline (opt="none").
   named contraction's second operand is packed: a loop over column panels first computes each
   panel (transposing nn.Linear's weight, or copying) into one small contiguous buffer, then
   the contraction with it (`pack_panels`). With opt="parallel" that loop is an scf.forall for
-  large contractions, run by OpenMP threads.
+  large contractions (and batch contractions from SPLIT_MIN_MACS), run by OpenMP threads.
 - 2-D convolutions (NHWC) get the same register tile over (output column, output channel); each
   tile, one output row and one filter tap, is decomposed into a 1-D convolution and vectorized.
 - Everything else that is vectorizable (elementwise and reduction generics, fill, transpose)
@@ -21,6 +21,14 @@ exactly as in the reference pipeline (opt="none").
   strides through an operand along that loop (a transpose) gets square TRANSPOSE_TILE tiles,
   transposed in registers. Vector reductions are marked reassociable so LLVM sums them as trees.
 - Vector math (exp, erf, tanh, ...) becomes libmvec calls where usable (`vecmath`).
+- With opt="parallel", every other op with enough work (convolutions and contractions from
+  SPLIT_MIN_MACS multiply-adds, other ops from SPLIT_MIN_ELEMENTS loop iterations) is first
+  tiled into one chunk per OpenMP thread (`threads`) along its outermost parallel loop that
+  divides into equal chunks of whole tiles (`thread_split`): an scf.forall, tiled and vectorized
+  inside exactly as the whole op would be. Poolings and depthwise convolutions, which stay plain
+  loops, are split along their outermost output dimension (`_window_split`). Each split op is
+  one OpenMP region (a fork and a join, a few microseconds with libiomp5's spinning workers),
+  so smaller ops stay on the calling thread.
 
 Every tile has a static shape and needs no masks. A static loop gets a tile size that divides
 it: a loop whose size has no divisor near the target gets a smaller tile, down to 1. A loop of
@@ -111,8 +119,9 @@ def schedule(module: ir.Module, parallel: bool = False) -> None:
 
     With `parallel`, the column-panel loops of packed contractions of at least
     PARALLEL_MIN_MACS multiply-adds (a dynamic size counted as DYNAMIC_SIZE_GUESS) are
-    `scf.forall` loops (`pack_panels`), which the "openmp" stage of the pipeline makes OpenMP
-    worksharing loops.
+    `scf.forall` loops (`pack_panels`), and every other op with enough work is split into one
+    scf.forall chunk per thread (`thread_split`, `_window_split`); the "openmp" stage of the
+    pipeline makes them OpenMP worksharing loops.
     """
     split_prologues(module)
     collapse_reductions(module)
