@@ -214,20 +214,22 @@ def thread_split(op: ir.Operation, tiling: Tiling, chunks: int) -> tuple[int, ..
 
     Split: convolutions and contractions of at least SPLIT_MIN_MACS multiply-adds, other ops of
     at least SPLIT_MIN_ELEMENTS loop iterations, that are not in a loop already (a packed
-    contraction's column panels decide for themselves, `pack_panels`) and have all static sizes.
-    The split loop is the outermost parallel loop (in tile-loop order) that divides into `chunks`
+    contraction's column panels decide for themselves, `pack_panels`) and whose tiles are all
+    whole (no `partial` loop; a dynamic size counts as DYNAMIC_SIZE_GUESS). The split loop is the
+    outermost parallel loop of a static size (in tile-loop order) that divides into `chunks`
     equal chunks of whole tiles, so each chunk tiles exactly as the whole op did.
     """
     sizes, order, partial, _ = tiling
     loops = _loop_sizes(op)
-    if chunks < 2 or partial or loops is None or None in loops or op.parent.name != "func.func":
+    if chunks < 2 or partial or loops is None or op.parent.name != "func.func":
         return ()
     macs = op.name == _CONV or _matmul_loops(op) is not None
-    if math.prod(loops) < (SPLIT_MIN_MACS if macs else SPLIT_MIN_ELEMENTS):
+    work = math.prod(DYNAMIC_SIZE_GUESS if n is None else n for n in loops)
+    if work < (SPLIT_MIN_MACS if macs else SPLIT_MIN_ELEMENTS):
         return ()
     parallel = _parallel_loops(op, len(loops))
     for d in order:
-        if d in parallel and loops[d] % (chunks * sizes[d]) == 0:
+        if d in parallel and loops[d] is not None and loops[d] % (chunks * sizes[d]) == 0:
             return (d, loops[d] // chunks)
     return ()
 

@@ -101,6 +101,8 @@ def test_dynamic_sizes_are_tiled_and_match_eager(name: str, opt: str, scheduled:
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     if opt == "parallel":
         monkeypatch.setattr(schedule, "PARALLEL_MIN_MACS", 0)  # split even these small contractions
+        monkeypatch.setattr(schedule, "SPLIT_MIN_MACS", 0)  # and every op with a static loop to split
+        monkeypatch.setattr(schedule, "SPLIT_MIN_ELEMENTS", 0)
     build, make, dims = CASES[name]
     _run(build(), make, dims, [2, 7, 33, 100] if name != "conv-batch" else [2, 3, 7], opt)
     dynamic = [ops for ops in scheduled if "tensor.dim" in ops]
@@ -109,7 +111,7 @@ def test_dynamic_sizes_are_tiled_and_match_eager(name: str, opt: str, scheduled:
         left = sorted({n for n in ops if n.removesuffix("?") in _COMPUTE and n.endswith("?")})
         assert not left, f"not vectorized: {left}"  # (the schedule's own filter transpose of a conv is static)
         assert any(n.startswith("vector.") for n in ops)
-    if opt == "parallel" and name in ("linear-rows",):
+    if opt == "parallel" and name in ("linear-rows", "layernorm-rows", "conv-batch"):  # a static loop to split
         assert any("scf.forall" in ops for ops in dynamic)
 
 
