@@ -133,3 +133,20 @@ def test_split_loop_divides_into_whole_tiles(monkeypatch: pytest.MonkeyPatch) ->
         lower(module, "parallel", stop_before="schedule")
         found = [schedule.thread_split(op, tiling, schedule.threads()) for op, tiling in schedule.plans(module)]
         assert found == [split], (shape, found)
+
+
+def test_models_on_threads_match_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bench's conv block (convolutions, batch norm, pooling) and a transformer encoder layer
+    (linears, attention's batch contractions, softmax, layer norms), every large op of them on
+    threads."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    conv = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(32, 32, 3, padding=1, groups=4), nn.ReLU()).eval()
+    with torch.no_grad():
+        conv[1].running_mean.uniform_(-0.5, 0.5)
+        conv[1].running_var.uniform_(0.5, 1.5)
+    encoder = nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=1024, batch_first=True).eval()
+    for model, x in ((conv, torch.randn(1, 16, 56, 56)), (encoder, torch.randn(4, 64, 256))):
+        assert len(_split_ops(model, (x,), monkeypatch)) >= 2
+        with torch.no_grad():
+            torch.testing.assert_close(torchtosa.compile(model, x, opt="parallel")(x), model(x), rtol=1e-5, atol=1e-5)
