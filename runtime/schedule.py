@@ -16,6 +16,10 @@ exactly as in the reference pipeline (opt="none").
   large contractions, run by OpenMP threads.
 - 2-D convolutions (NHWC) get the same register tile over (output column, output channel); each
   tile, one output row and one filter tap, is decomposed into a 1-D convolution and vectorized.
+  1x1 convolutions are matmuls by now, and depthwise ones of multiplier 1 have lost the
+  multiplier (`convolutions.rewrite_convolutions`); padded inputs are written in place
+  (`convolutions.pads_in_place`). Depthwise convolutions get a tile of DEPTHWISE_TILE (output
+  columns x channels), decomposed and vectorized along the channels like the dense ones.
 - Everything else that is vectorizable (elementwise and reduction generics, fill, transpose)
   gets a tile of 1 on every loop but the innermost, which gets up to VECTOR_WIDTH; an op that
   strides through an operand along that loop (a transpose) gets square TRANSPOSE_TILE tiles,
@@ -38,6 +42,9 @@ from mlir import ir
 from mlir.dialects import arith, linalg, scf, tensor
 
 from . import vecmath
+from .convolutions import CONV as _CONV
+from .convolutions import DEPTHWISE as _DEPTHWISE
+from .convolutions import pads_in_place
 from .irutil import find_ops, run_passes
 
 MATMUL_TILE = (8, 32)  # 8 rows x 32 columns of f32: 16 AVX-512 accumulators
@@ -45,7 +52,8 @@ VECTOR_WIDTH = 64  # innermost tile of other ops: 4 AVX-512 registers of f32
 TRANSPOSE_TILE = 16  # transposes: 16 x 16 tiles
 
 _CONTRACTIONS = {"linalg.batch_matmul": 1, "linalg.matmul": 0}  # op -> number of batch loops
-_CONV = "linalg.conv_2d_nhwc_fhwc"  # loops (n, oh, ow, f, kh, kw, c)
+DEPTHWISE_TILE = (8, 32)  # output columns x channels of f32: 16 AVX-512 accumulators
+_DECOMPOSED = (_CONV, _DEPTHWISE)  # tiled by one output row and filter tap, then decomposed to 1-D
 PARALLEL_MIN_MACS = 1 << 24  # smaller contractions stay on the calling thread (4M was no faster)
 DYNAMIC_SIZE_GUESS = 64  # what _parallel_worth assumes a size known at run time only to be
 _PLAIN_MAPS = {
@@ -109,10 +117,11 @@ def schedule(module: ir.Module, parallel: bool = False) -> None:
     """
     split_prologues(module)
     collapse_reductions(module)
+    pads_in_place(module)
     pack_panels(module, parallel)
     groups: dict[Key, list[ir.Operation]] = {}
     for op, tiling in plans(module):
-        groups.setdefault((_CONV if op.name == _CONV else "", *tiling), []).append(op)
+        groups.setdefault((op.name if op.name in _DECOMPOSED else "", *tiling), []).append(op)
     if not groups:
         return
     with module.context, ir.Location.unknown():
@@ -314,6 +323,10 @@ def plan(op: ir.Operation) -> Tiling | None:
     if op.name == _CONV:  # a dynamic output width gets tiles of 1 (no masked 1-D convolutions)
         _, _, ow, f, _, _, _ = loops
         sizes = (1, 1, 1 if ow is None else _divisor(ow, MATMUL_TILE[0]), _divisor(f, MATMUL_TILE[1]), 1, 1, 1)
+        return sizes, tuple(order), (), ()
+    if op.name == _DEPTHWISE:  # loops (n, oh, ow, c, kh, kw), static
+        _, _, ow, c, _, _ = loops
+        sizes = (1, 1, _divisor(ow, DEPTHWISE_TILE[0]), _divisor(c, DEPTHWISE_TILE[1]), 1, 1)
         return sizes, tuple(order), (), ()
     sizes = [1] * len(loops)
     mn = _matmul_loops(op)
@@ -609,7 +622,10 @@ def _transposed_inner_loop(op: ir.Operation, n_loops: int) -> int | None:
     if op.name == "linalg.transpose":
         perm = list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
         rank = len(perm)
-        inner = perm.index(rank - 1)  # the output dimension that is the input's last one
+        shape = _shape(op.operands[0])
+        # the output dimension that is the input's last one of a size above 1 (a depthwise
+        # convolution's multiplier of 1 is a unit dimension after the channels)
+        inner = perm.index(max((d for d in range(rank) if shape[d] != 1), default=rank - 1))
         return inner if inner != rank - 1 else None
     if op.name != "linalg.generic":
         return None
@@ -629,7 +645,7 @@ def _map_dims(op: ir.Operation) -> list[list[int]]:
 def _loop_sizes(op: ir.Operation) -> tuple[Extent, ...] | None:
     """Loop sizes of a linalg op this schedule handles (None for a size known at run time
     only), else None."""
-    if op.name not in _CONTRACTIONS and op.name not in _VECTORIZABLE and op.name != _CONV:
+    if op.name not in _CONTRACTIONS and op.name not in _VECTORIZABLE and op.name not in _DECOMPOSED:
         return None
     shaped = [t for t in [v.type for v in op.operands] + [r.type for r in op.results] if isinstance(t, ir.ShapedType)]
     if not all(isinstance(t, ir.RankedTensorType) for t in shaped):
@@ -647,6 +663,12 @@ def _loop_sizes(op: ir.Operation) -> tuple[Extent, ...] | None:
         if None in w or f is None:
             return None
         return (n, oh, ow, f, w[1], w[2], w[3])
+    if op.name == _DEPTHWISE:
+        kh, kw, _ = _shape(op.operands[1])
+        n, oh, ow, c = _shape(op.results[0])
+        if None in (n, oh, ow, c, kh, kw):
+            return None  # rewrite_convolutions makes static ones only
+        return (n, oh, ow, c, kh, kw)
     if op.name != "linalg.generic":
         return tuple(_shape(op.results[0]))  # fill, transpose: the output's
     if not _plain_body(op):
@@ -762,9 +784,9 @@ def _script(groups: dict[Key, list[ir.Operation]]) -> str:
                      f"%ops{i}{'_hwcf' if kind == _CONV else ''} tile_sizes [{', '.join(map(str, sizes))}]"
                      f" interchange = [{', '.join(map(str, order))}]"
                      f" : ({any_op}) -> ({results})")
-        if kind == _CONV:
+        if kind in _DECOMPOSED:
             lines.append(f"  %tiled{i}_1d = transform.structured.decompose %tiled{i} : ({any_op}) -> {any_op}")
-        lines.append(f"  transform.structured.vectorize %tiled{i}{'_1d' if kind == _CONV else ''} : {any_op}")
+        lines.append(f"  transform.structured.vectorize %tiled{i}{'_1d' if kind in _DECOMPOSED else ''} : {any_op}")
     lines.append(f'  %funcs = transform.structured.match ops{{["func.func"]}} in %root : ({any_op}) -> {any_op}')
     if peeled:
         # the tiles' sizes are constants after peeling: fold them into the types
