@@ -17,6 +17,7 @@ import torchtosa
 from torchtosa import pipeline
 from torchtosa.execute import _prepare
 from torchtosa.layout import sink_transposes
+from torchtosa.schedule import _lanes_divisor
 
 
 def _ops(fn: Any, *args: torch.Tensor, stop_before: str = "bufferize") -> list[str]:
@@ -122,3 +123,7 @@ def test_consecutive_convolutions_stay_nhwc() -> None:
         sink_transposes(module)
     module.operation.verify()
     assert activation_transposes() == 2
+
+
+def test_depthwise_channel_tiles_are_whole_registers() -> None:
+    assert [_lanes_divisor(n, 32) for n in (144, 96, 960, 24, 40, 7)] == [16, 32, 32, 24, 20, 7]
