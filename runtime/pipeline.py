@@ -32,9 +32,11 @@ from mlir import ir
 from mlir.dialects import arith, linalg, memref, tensor
 
 from . import progress, vnni
+from .convolutions import rewrite_convolutions
 from .errors import CompileError
 from .float_int8 import fast_int8_contractions
 from .irutil import find_ops, is_sub_byte, run_passes, top_level
+from .layout import sink_transposes
 from .partition import partition
 from .schedule import schedule
 from .zero_points import separate_zero_points
@@ -72,7 +74,8 @@ PIPELINES: dict[str, str] = {
     # from its operands (resolve-...-dims) and dropped, fuses the two.
     "fuse-dynamic": "builtin.module(" + ",".join(["func.func(resolve-ranked-shaped-type-result-dims),canonicalize,"
                                                   "linalg-fuse-elementwise-ops,canonicalize,cse"] * 2) + ")",
-    # opt="default" only: drop unit dimensions so that broadcasts such as a bias add become
+    # opt="default" only: 1x1 convolutions become matmuls and depthwise ones lose the channel
+    # multiplier (`convolutions`); then drop unit dimensions so that broadcasts such as a bias add become
     # projected permutations the schedule can tile; then `schedule.schedule` tiles and
     # vectorizes (a Python stage, running MLIR's transform interpreter).
     "unit-dims": "builtin.module(func.func(linalg-fold-unit-extent-dims),canonicalize,cse)",
@@ -166,6 +169,7 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
             continue
         if stage == "tosa-to-linalg":
             if opt != "none":
+                sink_transposes(module)  # consecutive convolutions stay NHWC
                 separate_zero_points(module)
                 fast_int8_contractions(module)
             _exact_float_arith(module)
@@ -173,6 +177,8 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
             _no_dynamic_broadcasts(module)
         if stage in ("fuse-before-reshapes", "linalg"):
             _split_boolean_producers(module)
+        if stage == "unit-dims":
+            rewrite_convolutions(module)  # 1x1 as matmuls, depthwise without the multiplier
         if stage == "bufferize":
             results = _result_counts(module)
             _distinct_results(module)

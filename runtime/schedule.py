@@ -16,6 +16,10 @@ exactly as in the reference pipeline (opt="none").
   large contractions (and batch contractions from SPLIT_MIN_MACS), run by OpenMP threads.
 - 2-D convolutions (NHWC) get the same register tile over (output column, output channel); each
   tile, one output row and one filter tap, is decomposed into a 1-D convolution and vectorized.
+  1x1 convolutions are matmuls by now, and depthwise ones of multiplier 1 have lost the
+  multiplier (`convolutions.rewrite_convolutions`); padded inputs are written in place
+  (`convolutions.pads_in_place`). Depthwise convolutions get a tile of DEPTHWISE_TILE (output
+  columns x channels), decomposed and vectorized along the channels like the dense ones.
 - Everything else that is vectorizable (elementwise and reduction generics, fill, transpose)
   gets a tile of 1 on every loop but the innermost, which gets up to VECTOR_WIDTH; an op that
   strides through an operand along that loop (a transpose) gets square TRANSPOSE_TILE tiles,
@@ -47,6 +51,9 @@ from mlir import ir
 from mlir.dialects import arith, linalg, scf, tensor
 
 from . import vecmath
+from .convolutions import CONV as _CONV
+from .convolutions import DEPTHWISE as _DEPTHWISE
+from .convolutions import pads_in_place
 from .irutil import find_ops, run_passes
 
 MATMUL_TILE = (8, 32)  # 8 rows x 32 columns of f32: 16 AVX-512 accumulators
@@ -54,8 +61,9 @@ VECTOR_WIDTH = 64  # innermost tile of other ops: 4 AVX-512 registers of f32
 TRANSPOSE_TILE = 16  # transposes: 16 x 16 tiles
 
 _CONTRACTIONS = {"linalg.batch_matmul": 1, "linalg.matmul": 0}  # op -> number of batch loops
-_CONV = "linalg.conv_2d_nhwc_fhwc"  # loops (n, oh, ow, f, kh, kw, c)
-# not tiled, but split across threads: loops (output dims..., kh, kw), the window the second operand
+DEPTHWISE_TILE = (8, 32)  # output columns x channels of f32: 16 AVX-512 accumulators
+_DECOMPOSED = (_CONV, _DEPTHWISE)  # tiled by one output row and filter tap, then decomposed to 1-D
+# not tiled (unless `plan` tiles them), but split across threads: loops (output dims..., kh, kw)
 _WINDOWED = ("linalg.pooling_nhwc_max", "linalg.pooling_nhwc_min", "linalg.pooling_nhwc_sum",
              "linalg.depthwise_conv_2d_nhwc_hwc", "linalg.depthwise_conv_2d_nhwc_hwcm")
 _WINDOW = "window"
@@ -131,13 +139,15 @@ def schedule(module: ir.Module, parallel: bool = False) -> None:
     """
     split_prologues(module)
     collapse_reductions(module)
+    pads_in_place(module)
     pack_panels(module, parallel)
     chunks = threads() if parallel else 1
     groups: dict[Key, list[ir.Operation]] = {}
     for op, tiling in plans(module):
         split = thread_split(op, tiling, chunks)
-        groups.setdefault((_CONV if op.name == _CONV else "", *tiling, split), []).append(op)
-    for op in find_ops(module, lambda op: op.name in _WINDOWED):
+        groups.setdefault((op.name if op.name in _DECOMPOSED else "", *tiling, split), []).append(op)
+    planned = {op.operation for ops in groups.values() for op in ops}  # depthwise ones `plan` tiles
+    for op in find_ops(module, lambda op: op.name in _WINDOWED and op.operation not in planned):
         split = _window_split(op, chunks)
         if split:
             groups.setdefault((_WINDOW, (), (), (), (), split), []).append(op)
@@ -229,7 +239,7 @@ def thread_split(op: ir.Operation, tiling: Tiling, chunks: int) -> tuple[int, ..
     loops = _loop_sizes(op)
     if chunks < 2 or partial or loops is None or op.parent.name != "func.func":
         return ()
-    macs = op.name == _CONV or _matmul_loops(op) is not None
+    macs = op.name in _DECOMPOSED or _matmul_loops(op) is not None
     work = math.prod(DYNAMIC_SIZE_GUESS if n is None else n for n in loops)
     if work < (SPLIT_MIN_MACS if macs else SPLIT_MIN_ELEMENTS):
         return ()
@@ -257,8 +267,8 @@ def _parallel_loops(op: ir.Operation, n_loops: int) -> set[int]:
     """The loops of a linalg op this schedule tiles whose iterations are independent."""
     if op.name in _CONTRACTIONS:
         return set(range(n_loops - 1))  # all but k
-    if op.name == _CONV:
-        return {0, 1, 2, 3}  # n, oh, ow, f
+    if op.name in _DECOMPOSED:
+        return {0, 1, 2, 3}  # n, oh, ow, f (c for a depthwise one)
     if op.name != "linalg.generic":
         return set(range(n_loops))  # fill, transpose, copy
     kinds = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
@@ -405,6 +415,10 @@ def plan(op: ir.Operation) -> Tiling | None:
     if op.name == _CONV:  # a dynamic output width gets tiles of 1 (no masked 1-D convolutions)
         _, _, ow, f, _, _, _ = loops
         sizes = (1, 1, 1 if ow is None else _divisor(ow, MATMUL_TILE[0]), _divisor(f, MATMUL_TILE[1]), 1, 1, 1)
+        return sizes, tuple(order), (), ()
+    if op.name == _DEPTHWISE:  # loops (n, oh, ow, c, kh, kw), static
+        _, _, ow, c, _, _ = loops
+        sizes = (1, 1, _divisor(ow, DEPTHWISE_TILE[0]), _lanes_divisor(c, DEPTHWISE_TILE[1]), 1, 1)
         return sizes, tuple(order), (), ()
     sizes = [1] * len(loops)
     mn = _matmul_loops(op)
@@ -700,7 +714,10 @@ def _transposed_inner_loop(op: ir.Operation, n_loops: int) -> int | None:
     if op.name == "linalg.transpose":
         perm = list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
         rank = len(perm)
-        inner = perm.index(rank - 1)  # the output dimension that is the input's last one
+        shape = _shape(op.operands[0])
+        # the output dimension that is the input's last one of a size above 1 (a depthwise
+        # convolution's multiplier of 1 is a unit dimension after the channels)
+        inner = perm.index(max((d for d in range(rank) if shape[d] != 1), default=rank - 1))
         return inner if inner != rank - 1 else None
     if op.name != "linalg.generic":
         return None
@@ -720,7 +737,7 @@ def _map_dims(op: ir.Operation) -> list[list[int]]:
 def _loop_sizes(op: ir.Operation) -> tuple[Extent, ...] | None:
     """Loop sizes of a linalg op this schedule handles (None for a size known at run time
     only), else None."""
-    if op.name not in _CONTRACTIONS and op.name not in _VECTORIZABLE and op.name != _CONV:
+    if op.name not in _CONTRACTIONS and op.name not in _VECTORIZABLE and op.name not in _DECOMPOSED:
         return None
     shaped = [t for t in [v.type for v in op.operands] + [r.type for r in op.results] if isinstance(t, ir.ShapedType)]
     if not all(isinstance(t, ir.RankedTensorType) for t in shaped):
@@ -738,6 +755,12 @@ def _loop_sizes(op: ir.Operation) -> tuple[Extent, ...] | None:
         if None in w or f is None:
             return None
         return (n, oh, ow, f, w[1], w[2], w[3])
+    if op.name == _DEPTHWISE:
+        kh, kw, _ = _shape(op.operands[1])
+        n, oh, ow, c = _shape(op.results[0])
+        if None in (n, oh, ow, c, kh, kw):
+            return None  # rewrite_convolutions makes static ones only
+        return (n, oh, ow, c, kh, kw)
     if op.name != "linalg.generic":
         return tuple(_shape(op.results[0]))  # fill, transpose: the output's
     if not _plain_body(op):
@@ -814,6 +837,12 @@ def _divisor(n: int, target: int) -> int:
     return next(d for d in range(min(n, target), 0, -1) if n % d == 0)
 
 
+def _lanes_divisor(n: int, target: int) -> int:
+    """The largest divisor of `n` up to `target` that is a whole number of AVX-512 registers of
+    f32 (a multiple of 16), else `_divisor`: 144 channels in tiles of 16, not 24 (16 + 8 lanes)."""
+    return next((d for d in range(target - target % 16, 0, -16) if n % d == 0), None) or _divisor(n, target)
+
+
 def _tile(n: Extent, target: int) -> int:
     """The tile of a loop of size `n`: the largest divisor of a static size up to `target`;
     `target` itself for a size known at run time only (its last tile may be partial)."""
@@ -867,9 +896,9 @@ def _script(groups: dict[Key, list[ir.Operation]]) -> str:
                      f"{target} tile_sizes [{', '.join(map(str, sizes))}]"
                      f" interchange = [{', '.join(map(str, order))}]"
                      f" : ({any_op}) -> ({results})")
-        if kind == _CONV:
+        if kind in _DECOMPOSED:
             lines.append(f"  %tiled{i}_1d = transform.structured.decompose %tiled{i} : ({any_op}) -> {any_op}")
-        lines.append(f"  transform.structured.vectorize %tiled{i}{'_1d' if kind == _CONV else ''} : {any_op}")
+        lines.append(f"  transform.structured.vectorize %tiled{i}{'_1d' if kind in _DECOMPOSED else ''} : {any_op}")
     lines.append(f'  %funcs = transform.structured.match ops{{["func.func"]}} in %root : ({any_op}) -> {any_op}')
     if peeled:
         # the tiles' sizes are constants after peeling: fold them into the types

@@ -1,8 +1,10 @@
 """`make bench`: time torchtosa's native code against eager PyTorch, Inductor and (if installed) IREE.
 
 Workloads (float32, random weights and inputs, eval mode, under torch.no_grad):
-an MLP, a torch.nn TransformerEncoderLayer, a conv block, a 1024^3 matmul and a small
-`transformers` BertModel (built from a config: nothing is downloaded).
+an MLP, a torch.nn TransformerEncoderLayer, a conv block, a 1024^3 matmul, a small
+`transformers` BertModel, and `transformers` ResNetModel (ResNet-50) and MobileNetV2Model (1.0)
+on 224x224 images at batch 1 and 8 (all built from configs: nothing is downloaded; the CNNs'
+BatchNorms get random running statistics and affine parameters, as the conv block's).
 
 Backends:
 - torchtosa opt="default" (one thread), opt="parallel" (large matmuls' column panels on OpenMP
@@ -10,8 +12,8 @@ Backends:
   workers stop spinning, KMP_BLOCKTIME, so that they take no core from the next backend) and
   opt="none" (the reference lowering to plain loops). By default the reference is timed only on
   the workloads marked `reference=True` below: all but the 1024^3 matmul, where one reference
-  call takes several seconds (each workload's reference compiled in under 10 s on a 2-core
-  EPYC); `--reference` times it on every workload.
+  call takes several seconds, and the 224x224 CNNs (each workload's reference compiled in under
+  10 s on a 2-core EPYC); `--reference` times it on every workload.
 - eager PyTorch with 1 and with 2 intra-op threads (torch.set_num_threads around its batches);
 - torch.compile with Inductor, compiled and run with 1 thread (fresh cache dir: a cold compile
   unless --warm);
@@ -25,7 +27,8 @@ Backends:
 Timing is interleaved: after every backend of a workload is compiled and warmed up, the timing
 batches go round-robin across the backends (the order rotating each round), so drift in machine
 load hits all of them alike. A batch is enough calls to last about 50 ms; each backend gets
-`--repeats` batches (fewer, at least 3, for one so slow that they would take over a minute).
+`--repeats` batches (fewer, at least 3, for one so slow that they would take over a minute; the
+224x224 CNNs at most `Workload.repeats`).
 Reported per call: the median, and the spread as the interquartile range in
 % of the median. GF/s counts FLOPs with torch.utils.flop_counter on the eager model (matmuls,
 linears, convolutions and attention; elementwise ops are not counted). Compile time includes the
@@ -149,6 +152,32 @@ def build_bert(layers: int = 2) -> tuple[nn.Module, Inputs]:
     return BertModel(config), (ids, mask)
 
 
+def _randomize_bn(model: nn.Module) -> nn.Module:
+    """Non-trivial running statistics and affine parameters, so eval BatchNorm is not the identity."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 1.5)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+    return model
+
+
+def build_resnet50(batch: int) -> tuple[nn.Module, Inputs]:
+    # ResNetConfig's defaults are ResNet-50 (bottleneck layers, depths 3-4-6-3, widths 256-2048)
+    from transformers import ResNetConfig, ResNetModel
+
+    return _randomize_bn(ResNetModel(ResNetConfig())), (torch.randn(batch, 3, 224, 224),)
+
+
+def build_mobilenet_v2(batch: int) -> tuple[nn.Module, Inputs]:
+    # MobileNetV2Config's defaults are MobileNetV2 1.0 at 224x224
+    from transformers import MobileNetV2Config, MobileNetV2Model
+
+    return _randomize_bn(MobileNetV2Model(MobileNetV2Config())), (torch.randn(batch, 3, 224, 224),)
+
+
 # ---------------------------------------------------------------- dynamic shapes
 
 # Per workload of the dynamic section: the model and its inputs at each size (the MLP's batch,
@@ -176,6 +205,7 @@ class Workload:
     name: str
     build: Callable[[], tuple[nn.Module, Inputs]]
     reference: bool  # time torchtosa opt="none" by default (else only with --reference)
+    repeats: int | None = None  # at most this many timing batches per backend (slow workloads)
 
 
 WORKLOADS = [
@@ -184,6 +214,10 @@ WORKLOADS = [
     Workload("conv block 16-32-32 [1x16x56x56]", build_conv, reference=True),
     Workload("matmul 1024^3", build_matmul, reference=False),
     Workload("BERT 2 layers h256 [1x64 tokens]", build_bert, reference=True),
+    Workload("ResNet-50 [1x3x224x224]", lambda: build_resnet50(1), reference=False, repeats=10),
+    Workload("ResNet-50 [8x3x224x224]", lambda: build_resnet50(8), reference=False, repeats=5),
+    Workload("MobileNetV2 [1x3x224x224]", lambda: build_mobilenet_v2(1), reference=False, repeats=10),
+    Workload("MobileNetV2 [8x3x224x224]", lambda: build_mobilenet_v2(8), reference=False, repeats=5),
 ]
 
 
@@ -832,8 +866,9 @@ def main() -> int:
             expected = model(*inputs)
             backends = backends_for(workload, model, inputs, args, iree)
             print(f"\n{workload.name}: {flops / 1e9:.3f} GFLOP per call", flush=True)
+            repeats = min(args.repeats, workload.repeats or args.repeats)
             for backend in backends:
-                prepare(backend, inputs, expected, args.warmup, args.repeats)
+                prepare(backend, inputs, expected, args.warmup, repeats)
                 status = backend.error or (f"compile {_fmt(backend.compile_s, '.2f', ' s')}, "
                                            f"max abs diff {_fmt(backend.diff, '.1e')}, "
                                            f"{backend.repeats} batches of {backend.number} calls")

@@ -1,0 +1,168 @@
+"""Rewrites of linalg convolutions into the forms the schedule runs fastest (opt="default").
+
+- A 1x1 convolution of stride 1 (NHWC) is a matmul: [N*OH*OW, C] x [C, F], the input's pixels
+  as rows. As a linalg.matmul whose second operand is the transposed filter, it gets the
+  schedule's packed column panels and 8x32 register tile (`schedule.pack_panels`), like
+  nn.Linear. A strided one stays a convolution: its rows would be a strided slice of the input,
+  which bufferization copies with the runtime library's element-by-element memrefCopy (measured
+  slower than the direct convolution).
+- A depthwise convolution with channel multiplier 1 (tosa.depthwise_conv2d of a depthwise
+  nn.Conv2d: groups == channels) is linalg.depthwise_conv_2d_nhwc_hwc, which the schedule
+  tiles over (output column, channel) and vectorizes along the channels (`schedule.plan`).
+- A padded input (tensor.pad of a constant: a convolution's or pool's padding) computed by a
+  linalg op (the NCHW -> NHWC transpose before a convolution) is a filled buffer whose interior
+  that op writes in place. Bufferized as it was, the pad was an element-by-element fill and a
+  copy of the input into the interior by the runtime library's generic (element by element)
+  memrefCopy, up to a third of a depthwise convolution's time.
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+from mlir.dialects import linalg, tensor
+
+from .irutil import find_ops
+
+CONV = "linalg.conv_2d_nhwc_fhwc"  # loops (n, oh, ow, f, kh, kw, c)
+DEPTHWISE = "linalg.depthwise_conv_2d_nhwc_hwc"  # loops (n, oh, ow, c, kh, kw)
+_DEPTHWISE_M = "linalg.depthwise_conv_2d_nhwc_hwcm"  # loops (n, oh, ow, c, m, kh, kw)
+
+
+def rewrite_convolutions(module: ir.Module) -> None:
+    """`_pointwise_as_matmul` each 1x1 convolution and `_depthwise_hwc` each depthwise
+    convolution of multiplier 1 in `module` (static shapes, f32 only). Run before the pipeline
+    drops unit dimensions ("unit-dims"), which then drops the multiplier's from the ops around."""
+    with module.context, ir.Location.unknown():
+        for op in find_ops(module, lambda op: op.name == CONV and _pointwise(op)):
+            _pointwise_as_matmul(op)
+        for op in find_ops(module, lambda op: op.name == _DEPTHWISE_M and _multiplier_one(op)):
+            _depthwise_hwc(op)
+
+
+def pads_in_place(module: ir.Module) -> None:
+    """`_pad_in_place` each static constant tensor.pad of a linalg op's result in `module`."""
+    with module.context, ir.Location.unknown():
+        for op in find_ops(module, lambda op: op.name == "tensor.pad" and _constant_pad(op) is not None):
+            producer = _padded_producer(op)
+            if producer is not None:
+                _pad_in_place(op, *producer)
+
+
+def _static_f32(op: ir.Operation) -> bool:
+    types = [v.type for v in op.operands] + [r.type for r in op.results]
+    return all(isinstance(t, ir.RankedTensorType) and ir.RankedTensorType(t).has_static_shape
+               and isinstance(ir.RankedTensorType(t).element_type, ir.F32Type) for t in types)
+
+
+def _ints(op: ir.Operation, name: str) -> list[int]:
+    return [int(x) for x in ir.DenseIntElementsAttr(op.attributes[name])]
+
+
+def _pointwise(op: ir.Operation) -> bool:
+    """A static f32 convolution with a 1x1 filter, stride 1 and no padding."""
+    if not _static_f32(op) or ir.RankedTensorType(op.operands[1].type).shape[1:3] != [1, 1]:
+        return False
+    return ir.RankedTensorType(op.operands[0].type).shape[1:3] == ir.RankedTensorType(op.results[0].type).shape[1:3]
+
+
+def _multiplier_one(op: ir.Operation) -> bool:
+    return _static_f32(op) and ir.RankedTensorType(op.operands[1].type).shape[3] == 1
+
+
+def _collapse(value: ir.Value, groups: list[list[int]]) -> ir.Value:
+    shape = ir.RankedTensorType(value.type).shape
+    sizes = [1] * len(groups)
+    for i, group in enumerate(groups):
+        for d in group:
+            sizes[i] *= shape[d]
+    result = ir.RankedTensorType.get(sizes, ir.RankedTensorType(value.type).element_type)
+    return tensor.CollapseShapeOp(result, value, groups).result
+
+
+def _expand(value: ir.Value, groups: list[list[int]], shape: list[int]) -> ir.Value:
+    result = ir.RankedTensorType.get(shape, ir.RankedTensorType(value.type).element_type)
+    return tensor.ExpandShapeOp(result, value, groups, [], shape).result
+
+
+def _pointwise_as_matmul(op: ir.Operation) -> None:
+    """Replace 1x1 convolution `op` (stride 1) by a matmul of its input pixels and transposed filter."""
+    image, weight, init = list(op.operands)[:3]
+    n, oh, ow, f = ir.RankedTensorType(init.type).shape
+    c = ir.RankedTensorType(image.type).shape[3]
+    with ir.InsertionPoint(op), op.location:
+        pixels = _collapse(image, [[0, 1, 2], [3]])
+        filter_fc = _collapse(weight, [[0, 1, 2], [3]])
+        empty = tensor.EmptyOp([c, f], ir.F32Type.get()).result
+        filter_cf = linalg.transpose(filter_fc, outs=[empty], permutation=[1, 0])
+        product = linalg.matmul(pixels, filter_cf, outs=[_collapse(init, [[0, 1, 2], [3]])])
+        result = _expand(product, [[0, 1, 2], [3]], [n, oh, ow, f])
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
+
+
+def _depthwise_hwc(op: ir.Operation) -> None:
+    """Replace depthwise convolution `op` of channel multiplier 1 by its form without the multiplier."""
+    image, weight, init = list(op.operands)[:3]
+    shape = ir.RankedTensorType(init.type).shape
+    with ir.InsertionPoint(op), op.location:
+        conv = linalg.depthwise_conv_2d_nhwc_hwc(
+            image, _collapse(weight, [[0], [1], [2, 3]]), outs=[_collapse(init, [[0], [1], [2], [3, 4]])],
+            strides=_ints(op, "strides"), dilations=_ints(op, "dilations"))
+        result = _expand(conv, [[0], [1], [2], [3, 4]], shape)
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
+
+
+def _constant_pad(op: ir.Operation) -> ir.Value | None:
+    """The padding value of a static tensor.pad of f32 by a value defined outside it, else None."""
+    types = [op.operands[0].type, op.results[0].type]
+    if len(list(op.operands)) != 1 or not all(
+            ir.RankedTensorType(t).has_static_shape and isinstance(ir.RankedTensorType(t).element_type, ir.F32Type)
+            for t in types):
+        return None  # dynamic low/high operands
+    block = op.regions[0].blocks[0]
+    value = list(block.operations)[-1].operands[0]
+    if isinstance(value, ir.BlockArgument) or value.owner.parent == op:
+        return None
+    return value
+
+
+def _padded_producer(op: ir.Operation) -> tuple[ir.Operation, list[list[int]] | None] | None:
+    """The linalg op computing tensor.pad `op`'s input (through one tensor.collapse_shape, whose
+    reassociation is returned too) if it has no other use, is a transpose or an elementwise
+    generic with one result and does not read its init; else None."""
+    value, groups = op.operands[0], None
+    owner = value.owner if isinstance(value, ir.OpResult) else None
+    if owner is not None and owner.name == "tensor.collapse_shape" and len(list(value.uses)) == 1:
+        groups = [[int(ir.IntegerAttr(d).value) for d in ir.ArrayAttr(g)]
+                  for g in ir.ArrayAttr(owner.attributes["reassociation"])]
+        value = owner.operands[0]
+        owner = value.owner if isinstance(value, ir.OpResult) else None
+    if owner is None or owner.name not in ("linalg.transpose", "linalg.generic") or len(list(value.uses)) != 1:
+        return None
+    iterators = str(owner.attributes["iterator_types"]) if "iterator_types" in owner.attributes else ""
+    if len(owner.results) != 1 or "reduction" in iterators:
+        return None
+    block = owner.regions[0].blocks[0]
+    if list(block.arguments[len(block.arguments) - 1].uses):
+        return None  # reads its init
+    return owner.operation, groups
+
+
+def _pad_in_place(op: ir.Operation, producer: ir.Operation, groups: list[list[int]] | None) -> None:
+    """Replace tensor.pad `op` by a fill of the padded shape whose interior `producer` (whose
+    result, collapsed by `groups` if given, is the pad's input) computes in place."""
+    value = _constant_pad(op)
+    shape = ir.RankedTensorType(op.operands[0].type).shape
+    low = list(ir.DenseI64ArrayAttr(op.attributes["static_low"]))
+    padded = ir.RankedTensorType(op.results[0].type)
+    with ir.InsertionPoint(producer), op.location:
+        filled = linalg.fill(value, outs=[tensor.EmptyOp(padded.shape, padded.element_type).result])
+        interior = tensor.ExtractSliceOp(op.operands[0].type, filled, [], [], [], low, shape, [1] * len(shape)).result
+        if groups is not None:
+            interior = _expand(interior, groups, ir.RankedTensorType(producer.results[0].type).shape)
+    producer.operands[len(producer.operands) - 1] = interior
+    with ir.InsertionPoint(op), op.location:
+        result = tensor.InsertSliceOp(op.operands[0], filled, [], [], [], low, shape, [1] * len(shape)).result
+    op.results[0].replace_all_uses_with(result)
+    op.erase()

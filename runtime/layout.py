@@ -1,0 +1,124 @@
+"""Fewer layout transposes between convolutions (opt="default"/"parallel", on TOSA).
+
+TOSA convolutions are NHWC and PyTorch's tensors NCHW, so each convolution's result is
+transposed to NCHW and, for the next convolution, back to NHWC: a conv + BatchNorm + ReLU
+layer reads and writes its whole activation twice more than the convolution does.
+`sink_transposes` moves each NHWC -> NCHW transpose below the elementwise ops it feeds (the
+epilogue; other transposes, such as attention's, are left alone),
+computing them in the layout before the transpose; their other operands are transposed the other
+way, which is cheap only for small ones (a BatchNorm's per-channel [1, C, 1, 1] parameters:
+at most SMALL elements) or free for another transpose of the same permutation (a residual add).
+A transpose meeting its inverse then cancels, and consecutive layers stay NHWC, as Inductor's
+channels-last code does. Exact: the same elementwise ops on the same values, in another order
+in memory.
+"""
+
+from __future__ import annotations
+
+import math
+
+from mlir import ir
+
+SMALL = 1 << 16  # elements of an operand transposed along with a sunk transpose
+TO_NCHW = [0, 3, 1, 2]  # the transposes sunk: a convolution's NHWC result to PyTorch's layout
+_ELEMENTWISE = frozenset({
+    "tosa.add", "tosa.sub", "tosa.mul", "tosa.maximum", "tosa.minimum", "tosa.clamp", "tosa.sigmoid",
+    "tosa.tanh", "tosa.exp", "tosa.negate", "tosa.abs", "tosa.erf", "tosa.reciprocal", "tosa.rsqrt",
+    "tosa.pow", "tosa.log",
+})
+_OPERANDS = {"tosa.mul": 2, "tosa.negate": 1}  # tensor operands; the rest (mul's shift, zero points) stay
+
+
+def sink_transposes(module: ir.Module) -> None:
+    """Move tosa.transpose ops below the elementwise ops they feed, then cancel inverse pairs."""
+    with module.context, ir.Location.unknown():
+        for func in module.body.operations:
+            if func.operation.name != "func.func" or not func.regions[0].blocks:
+                continue
+            block = func.regions[0].blocks[0]
+            for op in list(block.operations):
+                perm = _sinkable(op.operation)
+                if perm is not None:
+                    _sink(op.operation, perm)
+            for op in list(block.operations):
+                if op.operation.name == "tosa.transpose":
+                    _cancel(op.operation)
+            for op in reversed(list(block.operations)):
+                if op.operation.name == "tosa.transpose" and not list(op.results[0].uses):
+                    op.operation.erase()
+
+
+def _perm(op: ir.Operation) -> list[int]:
+    return list(ir.DenseI32ArrayAttr(op.attributes["perms"]))
+
+
+def _transpose_of(value: ir.Value) -> ir.Operation | None:
+    owner = value.owner if isinstance(value, ir.OpResult) else None
+    return owner.operation if owner is not None and owner.name == "tosa.transpose" else None
+
+
+def _ranked(value: ir.Value) -> ir.RankedTensorType | None:
+    t = value.type
+    if not isinstance(t, ir.RankedTensorType) or not ir.RankedTensorType(t).has_static_shape:
+        return None
+    return ir.RankedTensorType(t)
+
+
+def _sinkable(op: ir.Operation) -> list[int] | None:
+    """The permutation (TO_NCHW) of the transpose(s) feeding elementwise `op` if it can be computed
+    before them: every other tensor operand is such a transpose too, or small."""
+    if op.name not in _ELEMENTWISE or len(op.results) != 1 or _ranked(op.results[0]) is None:
+        return None
+    operands = list(op.operands)[:_OPERANDS.get(op.name, len(op.operands))]
+    perms = [_perm(t) for t in map(_transpose_of, operands) if t is not None]
+    if not perms or any(p != TO_NCHW for p in perms):
+        return None
+    for value in operands:
+        t = _ranked(value)
+        if t is None or t.rank != len(perms[0]):
+            return None
+        if _transpose_of(value) is None and math.prod(t.shape) > SMALL:
+            return None
+    return perms[0]
+
+
+def _transpose(value: ir.Value, perm: list[int]) -> ir.Value:
+    t = ir.RankedTensorType(value.type)
+    shape = [t.shape[p] for p in perm]
+    return ir.Operation.create("tosa.transpose", results=[ir.RankedTensorType.get(shape, t.element_type)],
+                               operands=[value], attributes={"perms": ir.DenseI32ArrayAttr.get(perm)}).results[0]
+
+
+def _sink(op: ir.Operation, perm: list[int]) -> None:
+    """Compute `op` on the transposes' inputs (its small operands transposed back), then transpose
+    its result by `perm`."""
+    inverse = [perm.index(i) for i in range(len(perm))]
+    count = _OPERANDS.get(op.name, len(op.operands))
+    with ir.InsertionPoint(op), op.location:
+        operands = []
+        for i, value in enumerate(op.operands):
+            source = _transpose_of(value) if i < count else None
+            if i >= count:
+                operands.append(value)
+            elif source is not None:
+                operands.append(source.operands[0])
+            else:
+                operands.append(_transpose(value, inverse))
+        result = ir.RankedTensorType(op.results[0].type)
+        shape = [result.shape[p] for p in inverse]
+        moved = ir.Operation.create(op.name, results=[ir.RankedTensorType.get(shape, result.element_type)],
+                                    operands=operands,
+                                    attributes={name: op.attributes[name] for name in op.attributes})
+        back = _transpose(moved.results[0], perm)
+    op.results[0].replace_all_uses_with(back)
+    op.erase()
+
+
+def _cancel(op: ir.Operation) -> None:
+    """Replace transpose `op` of a transpose by the inner one's input if the two are inverse."""
+    inner = _transpose_of(op.operands[0])
+    if inner is None:
+        return
+    outer_perm, inner_perm = _perm(op), _perm(inner)
+    if [inner_perm[p] for p in outer_perm] == list(range(len(outer_perm))):
+        op.results[0].replace_all_uses_with(inner.operands[0])

@@ -1,0 +1,129 @@
+"""The convolution rewrites of opt="default" (runtime/convolutions.py): 1x1 convolutions as
+matmuls, depthwise convolutions without the channel multiplier, padded inputs written in place;
+each checked for what it makes of the IR and against eager and the reference lowering on random
+inputs of odd sizes, strides, paddings and groups."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+from mlir import ir
+from torch import nn
+
+import torchtosa
+from torchtosa import pipeline
+from torchtosa.execute import _prepare
+from torchtosa.layout import sink_transposes
+from torchtosa.schedule import _lanes_divisor
+
+
+def _ops(fn: Any, *args: torch.Tensor, stop_before: str = "bufferize") -> list[str]:
+    """The names of the ops of `fn`'s module, lowered with opt="default" up to `stop_before`."""
+    program = torchtosa.to_tosa(fn, *args, target=None)
+    module = _prepare(program.module, "forward", tuple(program.inputs), tuple(program.outputs))
+    pipeline.lower(module, "default", stop_before=stop_before)
+    names: list[str] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        names.append(op.name)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return names
+
+
+def _check(model: nn.Module, x: torch.Tensor) -> None:
+    """opt="default" and opt="none" agree with eager on `x`."""
+    model.eval()
+    with torch.no_grad():
+        want = model(x)
+        for opt in ("default", "none"):
+            got = torchtosa.compile(model, x, opt=opt, fallback="error")(x)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_pointwise_convolution_is_a_packed_matmul() -> None:
+    names = _ops(nn.Conv2d(24, 40, 1).eval(), torch.randn(1, 24, 10, 12), stop_before="unit-dims")
+    assert "linalg.conv_2d_nhwc_fhwc" in names
+    names = _ops(nn.Conv2d(24, 40, 1).eval(), torch.randn(1, 24, 10, 12))
+    assert "linalg.conv_2d_nhwc_fhwc" not in names and "linalg.matmul" not in names
+    assert "vector.fma" in names
+
+
+def test_depthwise_convolution_is_vectorized_along_channels() -> None:
+    model = nn.Conv2d(32, 32, 3, padding=1, groups=32).eval()
+    x = torch.randn(1, 32, 16, 16)
+    assert "linalg.depthwise_conv_2d_nhwc_hwcm" in _ops(model, x, stop_before="unit-dims")
+    names = _ops(model, x)
+    assert not any(n.startswith("linalg.depthwise") for n in names)
+    assert "vector.fma" in names
+
+
+def test_padded_input_is_written_in_place() -> None:
+    """The transpose before a padded convolution writes the interior of the padded buffer: no
+    tensor.pad remains, so bufferization makes no strided copy into it."""
+    names = _ops(nn.Conv2d(8, 16, 3, padding=2).eval(), torch.randn(1, 8, 9, 11))
+    assert "tensor.pad" not in names
+
+
+@pytest.mark.parametrize(("cin", "cout", "stride", "size"), [
+    (5, 13, 1, (7, 9)), (16, 33, 2, (11, 10)), (3, 8, 3, (13, 13)), (64, 24, 2, (8, 8)),
+])
+def test_pointwise_convolutions_match_eager(cin: int, cout: int, stride: int, size: tuple[int, int]) -> None:
+    torch.manual_seed(cin + cout)
+    _check(nn.Conv2d(cin, cout, 1, stride=stride), torch.randn(2, cin, *size))
+
+
+@pytest.mark.parametrize(("channels", "kernel", "stride", "padding", "multiplier"), [
+    (7, 3, 1, 1, 1), (24, 3, 2, 1, 1), (40, 5, 2, 2, 1), (17, 3, 1, 0, 1), (6, 3, 1, 1, 2),
+])
+def test_depthwise_convolutions_match_eager(channels: int, kernel: int, stride: int, padding: int,
+                                            multiplier: int) -> None:
+    torch.manual_seed(channels)
+    model = nn.Conv2d(channels, channels * multiplier, kernel, stride=stride, padding=padding, groups=channels)
+    _check(model, torch.randn(2, channels, 13, 11))
+
+
+def test_conv_block_with_bn_relu_and_pool_matches_eager() -> None:
+    """Padded convolutions whose input is computed by a fused BatchNorm + ReLU (an elementwise
+    generic writing the padded interior), a depthwise and a pointwise convolution in a row."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.BatchNorm2d(16), nn.ReLU6(),
+        nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.Conv2d(16, 24, 1), nn.MaxPool2d(3, 2, 1), nn.Conv2d(24, 24, 3, padding=1),
+    )
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 1.5)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+    _check(model, torch.randn(2, 3, 29, 31))
+
+
+def test_consecutive_convolutions_stay_nhwc() -> None:
+    """Only the input's and the output's layout transposes of activations remain: each one
+    between two layers is moved below its BatchNorm + ReLU epilogue and cancels the next."""
+    model = nn.Sequential(nn.Conv2d(8, 16, 1), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1),
+                          nn.ReLU6(), nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.ReLU()).eval()
+    module = torchtosa.to_tosa(model, torch.randn(1, 8, 12, 12), target=None).module
+
+    def activation_transposes() -> int:  # of [1, ...] tensors above 16 elements: not weights or BN parameters
+        shapes = [ir.RankedTensorType(op.results[0].type).shape for op in module.body.operations[0].regions[0].blocks[0]
+                  .operations if op.operation.name == "tosa.transpose"]
+        return sum(1 for shape in shapes if shape[0] == 1 and math.prod(shape) > 16)
+
+    assert activation_transposes() == 6  # in and out of each of the three convolutions
+    with module.context:
+        sink_transposes(module)
+    module.operation.verify()
+    assert activation_transposes() == 2
+
+
+def test_depthwise_channel_tiles_are_whole_registers() -> None:
+    assert [_lanes_divisor(n, 32) for n in (144, 96, 960, 24, 40, 7)] == [16, 32, 32, 24, 20, 7]
