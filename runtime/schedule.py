@@ -239,7 +239,7 @@ def thread_split(op: ir.Operation, tiling: Tiling, chunks: int) -> tuple[int, ..
     loops = _loop_sizes(op)
     if chunks < 2 or partial or loops is None or op.parent.name != "func.func":
         return ()
-    macs = op.name in _DECOMPOSED or _matmul_loops(op) is not None
+    macs = op.name == _CONV or _matmul_loops(op) is not None  # a depthwise one: per element, as poolings
     work = math.prod(DYNAMIC_SIZE_GUESS if n is None else n for n in loops)
     if work < (SPLIT_MIN_MACS if macs else SPLIT_MIN_ELEMENTS):
         return ()
