@@ -26,7 +26,9 @@ from collections.abc import Iterator
 import torch
 import torch.fx as fx
 
-__all__ = ["has_subgraphs", "inline_subgraphs", "outlined", "repeated_layers"]
+from .errors import Unsupported
+
+__all__ = ["inline_subgraphs", "outlined", "repeated_layers"]
 
 INVOKE_SUBGRAPH = torch.ops.higher_order.invoke_subgraph
 
@@ -91,11 +93,6 @@ def outlined(module: torch.nn.Module) -> Iterator[int]:
             block.__class__ = cls
 
 
-def has_subgraphs(gm: fx.GraphModule) -> bool:
-    """Whether `gm` calls `invoke_subgraph`."""
-    return bool(gm.graph.find_nodes(op="call_function", target=INVOKE_SUBGRAPH))
-
-
 def inline_subgraphs(gm: fx.GraphModule) -> dict[str, int]:
     """Replace every `invoke_subgraph` call of `gm` (nested ones too) by a copy of its body;
     returns how many calls each subgraph (by its identifier) had."""
@@ -141,15 +138,15 @@ def _inline(gm: fx.GraphModule, call: fx.Node) -> None:
                 continue
             env[node] = graph.node_copy(node, lambda n: env[n])
         else:
-            raise ValueError(f"the subgraph {holder} has no output")
+            raise Unsupported(f"the subgraph {holder} has no output")
     for user in list(call.users):
         if user.target is not operator.getitem:
-            raise ValueError(f"invoke_subgraph result used by {user.format_node()}, not by getitem")
+            raise Unsupported(f"invoke_subgraph result used by {user.format_node()}, not by getitem")
         result = results[user.args[1]]
         if isinstance(result, fx.Node):
             user.replace_all_uses_with(env[result])
         else:
-            raise ValueError(f"invoke_subgraph result {user.args[1]} is not a graph value")
+            raise Unsupported(f"invoke_subgraph result {user.args[1]} is not a graph value")
         graph.erase_node(user)
     graph.erase_node(call)
 
