@@ -22,6 +22,7 @@ import contextlib
 import operator
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -77,11 +78,14 @@ def outlined(module: torch.nn.Module) -> Iterator[int]:
     many blocks were marked (0: nothing to outline, the model is untouched)."""
     swapped: list[tuple[torch.nn.Module, type]] = []
     marked: dict[type, type] = {}
+    # nested_compile_region notes its options on the function it wraps: taken off again on exit
+    noted: list[tuple[Any, set[str]]] = []
     try:
         for group in repeated_layers(module):
             for block in group:
                 cls = type(block)
                 if cls not in marked:
+                    noted.append((cls.forward, set(vars(cls.forward))))
                     forward = torch.compiler.nested_compile_region(cls.forward)
                     marked[cls] = type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__,
                                                               "__qualname__": cls.__qualname__})
@@ -91,6 +95,9 @@ def outlined(module: torch.nn.Module) -> Iterator[int]:
     finally:
         for block, cls in swapped:
             block.__class__ = cls
+        for function, attributes in noted:
+            for name in set(vars(function)) - attributes:
+                delattr(function, name)
 
 
 def inline_subgraphs(gm: fx.GraphModule) -> dict[str, int]:

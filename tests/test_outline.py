@@ -102,6 +102,7 @@ def test_a_block_with_its_own_forward_or_no_weights_is_not_grouped() -> None:
 def test_the_model_is_unchanged_after_compile_and_after_an_error() -> None:
     model = _stack(3)
     before = [(type(b), sorted(vars(b))) for b in model.blocks]
+    noted = dict(vars(Block.forward))  # nested_compile_region notes its options on the function
     torchtosa.compile(model, torch.randn(2, 16))
     assert [(type(b), sorted(vars(b))) for b in model.blocks] == before
     with pytest.raises(InvalidInput):
@@ -110,6 +111,7 @@ def test_the_model_is_unchanged_after_compile_and_after_an_error() -> None:
     with outlined(model) as marked:
         assert marked == 3 and all(type(b) is not Block and isinstance(b, Block) for b in model.blocks)
     assert all(type(b) is Block for b in model.blocks)
+    assert vars(Block.forward) == noted
 
 
 def test_a_region_dynamo_refuses_falls_back_to_tracing_every_block() -> None:
