@@ -46,17 +46,15 @@ def constant_fields(module: ir.Module, types: dict[str, list[ir.Type]]) -> None:
             continue
         block = op.regions[0].blocks[0]
         fields = _constant_fields(types[name])
-        if fields is None or _width(types[name]) != len(block.arguments):
-            continue  # a calling convention this module does not know: left as it is
         with module.context, ir.Location.unknown():
             i64 = ir.IntegerType.get_signless(64)
+            if (fields is None or _width(types[name]) != len(block.arguments)
+                    or any(block.arguments[position].type != i64 for position, _ in fields)):
+                continue  # a calling convention this module does not know: left as it is
             start = ir.InsertionPoint.at_block_begin(block)
             for position, value in fields:
-                argument = block.arguments[position]
-                if argument.type != i64:
-                    raise AssertionError(f"@{name}: argument {position} is {argument.type}, not i64")
                 constant = llvm.ConstantOp(i64, ir.IntegerAttr.get(i64, value), ip=start).result
-                argument.replace_all_uses_with(constant)
+                block.arguments[position].replace_all_uses_with(constant)
             op.attributes["linkage"] = ir.Attribute.parse("#llvm.linkage<internal>")
 
 
