@@ -162,13 +162,13 @@ def _most_conformant(gm: torch.fx.GraphModule) -> Program:
 _EXTENSIONS = {torch.bfloat16: "bf16", torch.int16: "int16"}
 
 
-def _capture(fn: Any, args: tuple, kwargs: dict) -> Captured:
+def _capture(fn: Any, args: tuple, kwargs: dict, outline: bool = True) -> Captured:
     if isinstance(fn, torch.export.ExportedProgram):
         if args or kwargs:
             raise TypeError("an ExportedProgram carries its own example inputs; pass no arguments")
         captured = capture_exported(fn)
     else:
-        captured = capture(fn, args, kwargs)
+        captured = capture(fn, args, kwargs, outline=outline)
     normalize_uint8(captured.gm)  # uint8 Q/DQ pairs (X86InductorQuantizer) as the int8 pairs they equal
     return captured
 
@@ -252,9 +252,10 @@ class CompiledFunction:
     runs it: each graph compiled, Python between them."""
 
     def __init__(self, fn: Callable | torch.nn.Module | torch.export.ExportedProgram, opt: str = "default",
-                 fallback: str = "eager", min_region_ops: int = MIN_REGION_OPS, dynamic: bool | None = None):
+                 fallback: str = "eager", min_region_ops: int = MIN_REGION_OPS, dynamic: bool | None = None,
+                 outline: bool = True):
         self.fn = fn
-        self.options = Options(opt, fallback, min_region_ops)
+        self.options = Options(opt, fallback, min_region_ops, outline)
         self.dynamic = dynamic
         self.lock = threading.Lock()
         self.compiled: dict[Signature, _Captured | _Eager | None] = {}  # None: runs through self._dynamo
@@ -288,16 +289,18 @@ class CompiledFunction:
             with self.lock:
                 self.compiled[key] = None
             return None
-        try:
-            captured = _capture(self.fn, args, kwargs)
-        except Unsupported as err:
-            if self.options.fallback == "error" or exported:
-                raise
-            self._through_dynamo(f"not one graph ({str(err).splitlines()[0]}): compiled graph by graph, "
-                                 "as torch.compile")
-            hit = None
-        else:
-            hit = _Captured(captured, *compile_graph(captured.gm, self.options))
+        with progress.reporting(_label(self.fn)):  # capture included: it grows with depth too
+            progress.stage("capture (TorchDynamo + AOTAutograd)")
+            try:
+                captured = _capture(self.fn, args, kwargs, self.options.outline)
+            except Unsupported as err:
+                if self.options.fallback == "error" or exported:
+                    raise
+                self._through_dynamo(f"not one graph ({str(err).splitlines()[0]}): compiled graph by graph, "
+                                     "as torch.compile")
+                hit = None
+            else:
+                hit = _Captured(captured, *compile_graph(captured.gm, self.options))
         with self.lock:
             self.compiled[key] = hit
         return hit
@@ -399,6 +402,13 @@ class CompiledFunction:
         return [x for x in leaves if isinstance(x, torch.Tensor)]
 
 
+def _label(fn: Any) -> str:
+    """What a progress line calls the compiled function or module."""
+    if isinstance(fn, torch.nn.Module):
+        return type(fn).__name__
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
 def _structure(key: Signature) -> Signature:
     """A signature without its sizes: what a compile with symbolic sizes can serve."""
     if not key:
@@ -434,7 +444,7 @@ def _check_call(fn: Callable | torch.nn.Module, args: tuple, kwargs: dict) -> No
 
 def compile(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args: Any,
             opt: str = "default", fallback: str = "eager", min_region_ops: int = MIN_REGION_OPS,
-            dynamic: bool | None = None, **kwargs: Any) -> CompiledFunction:
+            dynamic: bool | None = None, outline: bool = True, **kwargs: Any) -> CompiledFunction:
     """Compile to native code through TOSA. With example inputs, compiles now; else on the first call.
 
     `dynamic` chooses what a new input size costs, as in torch.compile: None (the default)
@@ -451,8 +461,11 @@ def compile(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
     `fallback="eager"` runs ops TOSA can't lower with PyTorch between native regions of at least
     `min_region_ops` ops (and a function with graph breaks graph by graph); `fallback="error"`
     raises `Unsupported` instead. `explain()` on the result says what runs where.
+    `outline=True` traces a module's repeated layers (the blocks of a transformer: children of
+    one ModuleList with the same type and state shapes) once each, so capture time stays nearly
+    flat in depth; False traces every layer (the fallback whenever TorchDynamo refuses that).
     """
-    compiled = CompiledFunction(fn, opt, fallback, min_region_ops, dynamic)
+    compiled = CompiledFunction(fn, opt, fallback, min_region_ops, dynamic, outline)
     if args or kwargs or isinstance(fn, torch.export.ExportedProgram):
         compiled.prepare(*args, **kwargs)
     return compiled

@@ -33,6 +33,7 @@ from torch.fx.experimental.symbolic_shapes import has_free_symbols
 
 from .errors import InvalidInput, TorchTosaError, Unsupported
 from .options import Options
+from .outline import inline_subgraphs, outlined, repeated_layers
 
 __all__ = ["Captured", "capture", "capture_exported", "make_backend"]
 
@@ -56,6 +57,8 @@ class Captured:
     # where each of `params` comes from: its module path ("encoder.layer.0.weight"), or the
     # placeholder's name for a tensor the function closes over
     param_names: list[str] = field(default_factory=list)
+    # the layers traced once (outline.py): how many calls each traced subgraph had
+    outlined: dict[str, int] = field(default_factory=dict)
 
 
 class _Constant:
@@ -95,6 +98,7 @@ def capture(
     fn: Callable[..., Any] | torch.nn.Module,
     args: tuple[Any, ...],
     kwargs: dict[str, Any] | None = None,
+    outline: bool = True,
 ) -> Captured:
     """Trace `fn(*args, **kwargs)` with TorchDynamo (fullgraph) and AOTAutograd.
 
@@ -102,7 +106,22 @@ def capture(
     `Unsupported` with Dynamo's reason and the user's source line; an error
     PyTorch itself raises while tracing (e.g. a shape mismatch) raises
     `InvalidInput`. Input, parameter and buffer mutations raise `Unsupported`.
+
+    With `outline`, a module's repeated layers (outline.py) are traced once each: if Dynamo
+    refuses that (a graph break or side effect inside a block), every layer is traced as usual.
     """
+    if outline and isinstance(fn, torch.nn.Module) and repeated_layers(fn):
+        try:
+            with outlined(fn):
+                return _traced(fn, args, kwargs)
+        except Exception:  # any refusal of the regions (Dynamo, AOTAutograd): trace without them
+            pass
+    return _traced(fn, args, kwargs)
+
+
+def _traced(fn: Callable[..., Any] | torch.nn.Module, args: tuple[Any, ...],
+            kwargs: dict[str, Any] | None) -> Captured:
+    """`capture` of `fn` as it is."""
     kwargs = dict(kwargs or {})
     leaves, in_spec = pytree.tree_flatten((tuple(args), kwargs))
     inputs = [x for x in leaves if isinstance(x, torch.Tensor)]
@@ -119,7 +138,7 @@ def capture(
     gm, params = rec.rebuild(_state_order(fn), inputs, out_leaves, placeholders, _input_names(fn, args, kwargs))
     nodes = gm.graph.find_nodes(op="placeholder")
     names = [paths[id(t)][1] if id(t) in paths else node.name for t, node in zip(params, nodes, strict=False)]
-    return Captured(gm, params, inputs, in_spec, out_spec, names)
+    return Captured(gm, params, inputs, in_spec, out_spec, names, rec.outlined)
 
 
 def capture_exported(ep: torch.export.ExportedProgram) -> Captured:
@@ -138,6 +157,7 @@ def capture_exported(ep: torch.export.ExportedProgram) -> Captured:
         if out.kind != OutputKind.USER_OUTPUT:
             raise Unsupported(f"the exported program updates {out.target!r} in place ({out.kind.name})")
     gm = ep.graph_module
+    inline_subgraphs(gm)  # nested compile regions the user marked
     specs = dict(zip(gm.graph.find_nodes(op="placeholder"), sig.input_specs, strict=True))
     params = [_lifted_value(ep, s) for s in specs.values() if s.kind != InputKind.USER_INPUT]
     names = [s.target or n.name for n, s in specs.items() if s.kind != InputKind.USER_INPUT]
@@ -166,6 +186,7 @@ def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]
     """
 
     def fw_compiler(gm: fx.GraphModule, _fake_args: Sequence[Any], options: Options) -> Callable[..., Any]:
+        inline_subgraphs(gm)  # nested compile regions the user marked
         if options.fallback == "error":
             _check_graph(gm, static=False)
         _simplify(gm)
@@ -266,6 +287,7 @@ class _Recorder:
         self.gm = fx.GraphModule(torch.nn.Module(), empty)  # kept if Dynamo finds no graph
         self.args: list[Any] = []
         self.outputs: Sequence[Any] = ()
+        self.outlined: dict[str, int] = {}
 
     def backend(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         """Run AOTAutograd and remember what the compiled graph returns."""
@@ -281,6 +303,7 @@ class _Recorder:
 
     def _fw_compiler(self, gm: fx.GraphModule, _fake_args: Sequence[Any]) -> Callable[..., Any]:
         _check_functional(TracingContext.get().fw_metadata, gm)
+        self.outlined = inline_subgraphs(gm)  # each layer traced once (outline.py), now one flat graph
         _check_graph(gm, static=True)
         self.gm = gm
 

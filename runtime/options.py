@@ -21,11 +21,14 @@ class Options:
     """`opt`: the lowering ("default", "parallel", "none"; see `pipeline.OPT_LEVELS`).
     `fallback`: "eager" runs what TOSA can't lower with PyTorch, between native regions;
     "error" raises `Unsupported` instead. `min_region_ops`: the smallest native region
-    worth its call, in a graph that has eager ops."""
+    worth its call, in a graph that has eager ops. `outline`: trace a module's repeated layers
+    (a transformer's blocks) once each while capturing (outline.py); a torch.compile graph
+    arrives traced, so the backend ignores it."""
 
     opt: str = "default"
     fallback: str = "eager"
     min_region_ops: int = MIN_REGION_OPS
+    outline: bool = True
 
     def __post_init__(self) -> None:
         check_opt(self.opt)
@@ -33,6 +36,8 @@ class Options:
             raise ValueError(f"unknown fallback {self.fallback!r}; choose one of {', '.join(map(repr, FALLBACKS))}")
         if not isinstance(self.min_region_ops, int) or self.min_region_ops < 1:
             raise ValueError(f"min_region_ops must be a positive int, got {self.min_region_ops!r}")
+        if not isinstance(self.outline, bool):
+            raise ValueError(f"outline must be a bool, got {self.outline!r}")
 
     @classmethod
     def of(cls, options: dict[str, Any] | None) -> Options:

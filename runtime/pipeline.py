@@ -39,6 +39,7 @@ from .irutil import find_ops, is_sub_byte, run_passes, top_level
 from .layout import sink_transposes
 from .partition import partition
 from .schedule import schedule
+from .static_args import constant_fields, private_arg_types
 from .zero_points import separate_zero_points
 
 PIPELINES: dict[str, str] = {
@@ -190,10 +191,13 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
                 _results_in_place(module, results)
                 scratch = _promote_allocations(module)
         _verify(module, f"the input of stage {stage!r}")
+        private = private_arg_types(module) if stage == "llvm" and opt != "none" else {}
         try:
             run_passes(module, pipeline)
         except ir.MLIRError as e:
             raise CompileError(f"stage {stage!r} failed: {e}") from e
+        if private:
+            constant_fields(module, private)
         done(stage)
     _verify(module, "the lowered module")
     return scratch

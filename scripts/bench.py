@@ -47,7 +47,8 @@ torch.compile(dynamic=True) with the torchtosa backend (opt "default", one threa
 Inductor with dynamic=True; the notes say how many graphs each compiled and what ran eagerly.
 
 Then (unless --only or --no-scaling) a further table: torchtosa's compile time, split into capture,
-import and lowering + JIT, for BertModel of 1, 2, 4, 8 and 12 layers, to show how it grows with depth.
+import and lowering + JIT, for BertModel of 1, 2, 4, 8 and 12 layers, to show how it grows with depth
+(--scaling-only: that table alone; --no-outline: with every layer traced, to compare).
 
 Prints the tables and writes them to docs/benchmarks.md (unless --no-write). Nothing here asserts on
 time: the numbers depend on the machine and its load.
@@ -506,11 +507,12 @@ def cpu_model() -> str:
 SCALING_LAYERS = (1, 2, 4, 8, 12)
 
 
-def compile_scaling() -> str:
+def compile_scaling(outline: bool = True) -> str:
     """A table of torchtosa's compile time (opt="default") for BertModel of 1 to 12 layers: capture
-    (Dynamo + AOTAutograd), import to TOSA, and lowering + JIT + the first call."""
-    header = ["layers", "TOSA ops", "parts", "capture", "import", "lower + JIT + 1st call", "per layer", "total",
-              "total vs 2 layers"]
+    (Dynamo + AOTAutograd; with `outline`, each distinct layer traced once), import to TOSA, and
+    lowering + JIT + the first call."""
+    header = ["layers", "layers traced", "TOSA ops", "parts", "capture", "import", "lower + JIT + 1st call",
+              "per layer", "total", "total vs 2 layers"]
     rows: list[list[str]] = []
     previous: tuple[int, float] | None = None
     two: float | None = None  # the 2-layer model's total compile time
@@ -521,7 +523,7 @@ def compile_scaling() -> str:
         model.eval()
         with torch.no_grad():
             start = time.perf_counter()
-            captured = capture(model, inputs, {})
+            captured = capture(model, inputs, {}, outline=outline)
             captured_at = time.perf_counter()
             program = import_graph(captured.gm)
             imported_at = time.perf_counter()
@@ -535,7 +537,8 @@ def compile_scaling() -> str:
         previous = (layers, lowered)
         total = done - start
         two = two if layers != 2 else total
-        rows.append([str(layers), str(ops), str(parts or 1), f"{captured_at - start:.2f} s",
+        traced = layers - sum(captured.outlined.values()) + len(captured.outlined)
+        rows.append([str(layers), str(traced), str(ops), str(parts or 1), f"{captured_at - start:.2f} s",
                      f"{imported_at - captured_at:.2f} s", f"{lowered:.2f} s", slope, f"{total:.2f} s",
                      _ratio(total, two)])
         print("  " + "  ".join(rows[-1]), flush=True)
@@ -579,7 +582,8 @@ def write_doc(env: dict[str, str], table: str, notes: list[str], scaling: str | 
         text += ["## Compile time against depth", "",
                  "torchtosa (opt=\"default\") on BertModel h256 of 1 to 12 layers, [1x64 tokens]; \"per layer\" is "
                  "the growth of lowering + JIT + first call per added layer since the row above; \"total\" includes "
-                 "capture (TorchDynamo traces every layer) and is compared with the 2-layer model's.", "", scaling, ""]
+                 "capture (TorchDynamo and AOTAutograd trace each distinct layer once: runtime/outline.py; \"layers "
+                 "traced\" counts them) and is compared with the 2-layer model's.", "", scaling, ""]
     if notes:
         text += ["Notes:", ""] + [f"- {note}" for note in notes] + [""]
     DOC.write_text("\n".join(text))
@@ -816,8 +820,15 @@ def main() -> int:
     parser.add_argument("--no-int8", action="store_true", help="skip the int8 table")
     parser.add_argument("--dynamic-only", action="store_true",
                         help="only the dynamic-shape table (printed, docs/benchmarks.md left alone)")
+    parser.add_argument("--scaling-only", action="store_true",
+                        help="only the compile time against depth table (printed, docs/benchmarks.md left alone)")
+    parser.add_argument("--no-outline", action="store_true",
+                        help="the compile time table with every layer traced (torchtosa.compile(outline=False))")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.scaling_only:
+        print(compile_scaling(outline=not args.no_outline))
+        return 0
 
     if not args.warm:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchtosa-bench-inductor-")
@@ -894,7 +905,7 @@ def main() -> int:
     scaling = None
     if not args.no_scaling and not args.only and not args.dynamic_only:
         print("\ncompile time against depth (BertModel h256):", flush=True)
-        scaling = compile_scaling()
+        scaling = compile_scaling(outline=not args.no_outline)
     table = markdown(rows)
     if rows:
         print()

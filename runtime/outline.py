@@ -1,0 +1,167 @@
+"""Trace each distinct layer of a deep model once.
+
+A transformer's blocks are children of one `nn.ModuleList` (or `nn.Sequential`) with the same
+type and the same parameter and buffer names, shapes and dtypes. TorchDynamo and AOTAutograd
+trace every call of every block, so capture time grows with depth. `outlined(module)` marks
+those blocks' forward as a nested compile region while the capture runs
+(`torch.compiler.nested_compile_region`): Dynamo then traces one block and emits an
+`invoke_subgraph` call per block, each with that block's weights as operands, and AOTAutograd
+traces the subgraph once too. The mark is a subclass swapped in as each block's `__class__`
+(one subclass per block class, whose `forward` is the marked one) and swapped back on exit,
+errors included, so the user's model is left as it was. (A marked bound method set on each
+instance instead made Dynamo reuse the first block's weights for all of them.)
+
+`inline_subgraphs(gm)` expands the `invoke_subgraph` calls of a traced graph back into its
+body, node by node: a copy per call, without tracing again, so the rest of torchtosa sees one
+flat aten graph (and `partition` merges the identical layers again when lowering).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from .errors import Unsupported
+
+__all__ = ["inline_subgraphs", "outlined", "repeated_layers"]
+
+INVOKE_SUBGRAPH = torch.ops.higher_order.invoke_subgraph
+
+
+def _state_signature(module: torch.nn.Module) -> tuple[object, ...]:
+    """What two blocks must share to be traced as one: type and state names, shapes, dtypes."""
+    state = [*module.named_parameters(), *module.named_buffers()]
+    return (type(module), tuple((name, tuple(t.shape), t.dtype) for name, t in state))
+
+
+def repeated_layers(module: torch.nn.Module) -> list[list[torch.nn.Module]]:
+    """The groups of at least two interchangeable blocks (children with children of their own)
+    of a ModuleList or Sequential within `module`, outermost first; nothing inside a block of
+    a group is grouped again."""
+    groups: list[list[torch.nn.Module]] = []
+
+    def visit(m: torch.nn.Module) -> None:
+        taken: set[int] = set()
+        if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)):
+            by_signature: dict[tuple[object, ...], list[torch.nn.Module]] = {}
+            for child in m.children():
+                if _markable(child):
+                    by_signature.setdefault(_state_signature(child), []).append(child)
+            for group in by_signature.values():
+                if len(group) >= 2 and any(True for _ in group[0].parameters()):
+                    groups.append(group)
+                    taken.update(id(c) for c in group)
+        for child in m.children():
+            if id(child) not in taken:
+                visit(child)
+
+    visit(module)
+    return groups
+
+
+def _markable(child: torch.nn.Module) -> bool:
+    """A block of layers (a lone Linear gains nothing from a region) whose forward is its
+    class's, not one set on the instance."""
+    return (any(True for _ in child.children()) and "forward" not in vars(child)
+            and type(child).forward is not torch.nn.Module.forward)
+
+
+@contextlib.contextmanager
+def outlined(module: torch.nn.Module) -> Iterator[int]:
+    """Mark the repeated layers of `module` as nested compile regions until exit; yields how
+    many blocks were marked (0: nothing to outline, the model is untouched)."""
+    swapped: list[tuple[torch.nn.Module, type]] = []
+    marked: dict[type, type] = {}
+    # nested_compile_region notes its options on the function it wraps: taken off again on exit
+    noted: list[tuple[Any, set[str]]] = []
+    try:
+        for group in repeated_layers(module):
+            for block in group:
+                cls = type(block)
+                if cls not in marked:
+                    noted.append((cls.forward, set(vars(cls.forward))))
+                    forward = torch.compiler.nested_compile_region(cls.forward)
+                    marked[cls] = type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__,
+                                                              "__qualname__": cls.__qualname__})
+                block.__class__ = marked[cls]
+                swapped.append((block, cls))
+        yield len(swapped)
+    finally:
+        for block, cls in swapped:
+            block.__class__ = cls
+        for function, attributes in noted:
+            for name in set(vars(function)) - attributes:
+                delattr(function, name)
+
+
+def inline_subgraphs(gm: fx.GraphModule) -> dict[str, int]:
+    """Replace every `invoke_subgraph` call of `gm` (nested ones too) by a copy of its body;
+    returns how many calls each subgraph (by its identifier) had."""
+    graph = gm.graph
+    inlined: Counter[str] = Counter()
+    while calls := graph.find_nodes(op="call_function", target=INVOKE_SUBGRAPH):
+        for call in calls:
+            inlined[str(call.args[1])] += 1
+            _inline(gm, call)
+    if not inlined:
+        return {}
+    dropped = set()
+    for node in graph.find_nodes(op="get_attr"):
+        if not node.users and isinstance(getattr(gm, str(node.target), None), fx.GraphModule):
+            dropped.add(str(node.target))
+            graph.erase_node(node)
+    for target in dropped - {str(n.target) for n in graph.find_nodes(op="get_attr")}:
+        delattr(gm, target)
+    graph.lint()
+    gm.recompile()
+    return dict(inlined)
+
+
+def _inline(gm: fx.GraphModule, call: fx.Node) -> None:
+    """Copy the body of one `invoke_subgraph(subgraph, identifier, *operands)` before it."""
+    graph = gm.graph
+    holder, _identifier, *operands = call.args
+    body = getattr(gm, str(holder.target)) if isinstance(holder, fx.Node) else holder
+    env: dict[fx.Node, object] = dict(zip(body.graph.find_nodes(op="placeholder"), operands, strict=True))
+    with graph.inserting_before(call):
+        for node in body.graph.nodes:
+            if node.op == "placeholder":
+                continue
+            if node.op == "output":
+                results = list(node.args[0])
+                break
+            if node.op == "get_attr":  # a nested subgraph or constant of the body: kept on `gm`
+                value = getattr(body, str(node.target))
+                name = _attribute_for(gm, str(node.target), value)
+                setattr(gm, name, value)
+                env[node] = graph.get_attr(name)
+                env[node].meta.update(node.meta)
+                continue
+            env[node] = graph.node_copy(node, lambda n: env[n])
+        else:
+            raise Unsupported(f"the subgraph {holder} has no output")
+    for user in list(call.users):
+        if user.target is not operator.getitem:
+            raise Unsupported(f"invoke_subgraph result used by {user.format_node()}, not by getitem")
+        result = results[user.args[1]]
+        if isinstance(result, fx.Node):
+            user.replace_all_uses_with(env[result])
+        else:
+            raise Unsupported(f"invoke_subgraph result {user.args[1]} is not a graph value")
+        graph.erase_node(user)
+    graph.erase_node(call)
+
+
+def _attribute_for(gm: fx.GraphModule, base: str, value: object) -> str:
+    """An attribute name of `gm` for `value`: the one already holding it, or a free one."""
+    name, i = base.replace(".", "_"), 0
+    while hasattr(gm, name) and getattr(gm, name) is not value:
+        i += 1
+        name = f"{base.replace('.', '_')}_{i}"
+    return name
