@@ -7,8 +7,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 GEN    := runtime/_generated/registry.py
-SPECS  := $(wildcard opdefs/*.yaml) $(wildcard generator/*.py generator/*.lark generator/templates/*.j2) runtime/rules.py $(wildcard runtime/quant/*.py)
-# tosa-tools (keep in step with runtime/tosa_tools.py): tosa-opt and the TOSA reference model
+SPECS  := $(wildcard opdefs/*.yaml) $(wildcard generator/*.py generator/*.lark generator/templates/*.j2) runtime/importer/rules.py $(wildcard runtime/quant/*.py)
+# tosa-tools (keep in step with runtime/artifacts/tosa_tools.py): tosa-opt and the TOSA reference model
 TOSA_TOOLS_VERSION := 2026.8.0
 TOOLS  := .tosa-tools
 TOOLS_STAMP := $(TOOLS)/.installed-$(TOSA_TOOLS_VERSION)

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from torchtosa.registry import ROOT, generator_inputs, source_hash
+from torchtosa.importer.registry import ROOT, generator_inputs, source_hash
 
 from .render import render_catalogue, render_family, render_registry
 from .source import SpecError

@@ -2,7 +2,7 @@
 
 A rule is a side-effect-free Python expression over the op's arguments. Tensors
 expose only `.shape`, `.rank` and `.dtype`; calls are limited to the builtins in
-`runtime/rules.py`. The compiled source refers to builtins as `R.<name>`, so a
+`runtime/importer/rules.py`. The compiled source refers to builtins as `R.<name>`, so a
 spec can never reach anything else. Nothing is `eval`ed at generation time.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from torchtosa import rules as rule_runtime
+from torchtosa.importer import rules as rule_runtime
 
 from .source import Located, SpecError
 
@@ -25,7 +25,7 @@ TENSOR_ATTRS = ("shape", "rank", "dtype")
 DTYPES = ("f16", "bf16", "f32", "f64", "i8", "i16", "i32", "i64", "u8", "bool")
 CONSTANTS = {"None": "None", "True": "True", "False": "False", "inf": "R.inf"}
 
-# Python builtins the rule language re-exports (runtime/rules.py): name -> (min, max) arity.
+# Python builtins the rule language re-exports (runtime/importer/rules.py): name -> (min, max) arity.
 PY_BUILTINS: dict[str, tuple[int, int]] = {
     "len": (1, 1), "range": (1, 3), "min": (1, 2), "max": (1, 2), "abs": (1, 1), "sum": (1, 1),
     "all": (1, 1), "any": (1, 1), "int": (1, 1), "float": (1, 1), "list": (1, 1), "sorted": (1, 1),
@@ -34,7 +34,7 @@ PY_BUILTINS: dict[str, tuple[int, int]] = {
 
 
 def _rule_functions() -> dict[str, tuple[int, int]]:
-    """The functions defined in runtime/rules.py, with their arities: the one list of builtins."""
+    """The functions defined in runtime/importer/rules.py, with their arities: the one list of builtins."""
     out = dict(PY_BUILTINS)
     for name, fn in vars(rule_runtime).items():
         if (inspect.isfunction(fn) and fn.__module__ == rule_runtime.__name__ and not name.startswith("_")

@@ -308,7 +308,7 @@ class OpDef:
 
 @dataclass
 class Pattern:
-    """A group of graph nodes that one call of a torchtosa op replaces (runtime/quant/patterns.py).
+    """A group of graph nodes that one call of a torchtosa op replaces (runtime/quant/passes/patterns.py).
 
     `nodes` maps a node name to (overload, args): each argument is ("node", name) for a
     producer in the group, ("each", name) for a list argument whose every element is such a

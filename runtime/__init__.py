@@ -13,6 +13,7 @@
 
 from . import vela
 from .api import CompiledFunction, compile, explain, to_tosa, torchtosa_backend
+from .artifacts.tosa_files import load
 from .errors import (
     CompileError,
     InputMismatch,
@@ -25,11 +26,10 @@ from .errors import (
     Unsupported,
     VelaError,
 )
-from .importer import Program
-from .library import Library, export_library
+from .execute.library import Library, export_library
+from .importer.graph import Program
+from .importer.target import Target
 from .regions import Explanation, FallbackWarning
-from .target import Target
-from .tosa_files import load
 
 __all__ = [
     "CompileError", "CompiledFunction", "Explanation", "FallbackWarning", "InputMismatch", "InvalidFile",

@@ -17,19 +17,26 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import has_free_symbols
 
 from . import progress
-from .capture import Captured, capture, capture_exported, make_backend, mha_fastpath_disabled, translated_dynamo_errors
+from .capture.freeze import fold_constants
+from .capture.freeze import freeze as freeze_graph
+from .capture.symbolic import evaluator, shape_env_of
+from .capture.trace import (
+    Captured,
+    capture,
+    capture_exported,
+    make_backend,
+    mha_fastpath_disabled,
+    translated_dynamo_errors,
+)
 from .errors import InputMismatch, NotConformant, TorchTosaError, Unsupported
-from .execute import NativeFunction
-from .freeze import fold_constants
-from .freeze import freeze as freeze_graph
-from .importer import Program, import_graph
+from .execute.native import NativeFunction
+from .importer.graph import Program, import_graph
+from .importer.target import Target
 from .options import MIN_REGION_OPS, Options
-from .quant.edges import integer_edges
-from .quant.patterns import rewrite_groups
-from .quant.uint8 import normalize_uint8
+from .quant.passes.edges import integer_edges
+from .quant.passes.patterns import rewrite_groups
+from .quant.passes.uint8 import normalize_uint8
 from .regions import Explanation, NativeRegion, all_native, split, warn_fallbacks
-from .symbolic import evaluator, shape_env_of
-from .target import Target
 
 Signature = tuple[Any, ...]
 
@@ -454,7 +461,7 @@ def compile(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
     Sizes 0 and 1 follow TorchDynamo's rules (a symbolic size is at least 2; a call with a
     size of 1 there compiles a graph of its own).
 
-    `opt` picks the lowering (see `torchtosa.pipeline.OPT_LEVELS`): "default" tiles and vectorizes
+    `opt` picks the lowering (see `torchtosa.lower.pipeline.OPT_LEVELS`): "default" tiles and vectorizes
     (one thread), "parallel" also splits every large op (matmuls, convolutions, reductions,
     elementwise ops) across one OpenMP thread per core (OMP_NUM_THREADS, read when compiling, sets
     how many), "none" is the plain reference lowering to loops, kept for debugging.

@@ -32,11 +32,13 @@ from typing import Any, NoReturn
 
 import torch
 
-from . import api, library, toolchain, tosa_files, vela
+from . import api, vela
+from .artifacts import tosa_files
 from .errors import InputMismatch, TorchTosaError
-from .execute import _prepare
-from .importer import import_graph
-from .pipeline import lower
+from .execute import library, toolchain
+from .execute.native import _prepare
+from .importer.graph import import_graph
+from .lower.pipeline import lower
 
 EMITS = ("tosa", "mlir", "linalg", "llvm", "so")
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64,

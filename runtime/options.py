@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .pipeline import check_opt
+from .lower.pipeline import check_opt
 
 FALLBACKS = ("eager", "error")
 

@@ -28,9 +28,9 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partit
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from .errors import TorchTosaError
-from .importer import Program, where
-from .state import in_place_writes, update_in_place
-from .support import is_size, unsupported_reason
+from .execute.state import in_place_writes, update_in_place
+from .importer.graph import Program, where
+from .importer.support import is_size, unsupported_reason
 
 CompileRegion = Callable[[fx.GraphModule], tuple[Program, Callable[..., list[torch.Tensor]]]]
 

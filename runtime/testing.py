@@ -7,12 +7,12 @@ from typing import Any
 
 import torch
 
-from . import target
-from .execute import NativeFunction, TensorSpec
-from .importer import Program, build_function
-from .registry import Entry
-from .target import Target
-from .tosa import Builder, Tensor, storage_layout
+from .execute.native import NativeFunction, TensorSpec
+from .importer import target
+from .importer.graph import Program, build_function
+from .importer.registry import Entry
+from .importer.target import Target
+from .importer.tosa import Builder, Tensor, storage_layout
 
 
 def _tensors(args: list[Any]) -> list[torch.Tensor]:

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import tosa_tools
+from .artifacts import tosa_tools
 from .errors import VelaError
 
 if TYPE_CHECKING:
-    from .importer import Program
+    from .importer.graph import Program
 
 ENV = "TORCHTOSA_VELA"
 VERSION = "5.2.0"  # the ethos-u-vela release `make vela` installs (keep in step with the Makefile)

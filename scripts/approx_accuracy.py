@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from torchtosa.registry import Entry, registry
+from torchtosa.importer.registry import Entry, registry
 from torchtosa.testing import run_op
 
 N = 200_000  # points per region

@@ -90,9 +90,9 @@ from torch import nn  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count  # noqa: E402
 
 import torchtosa  # noqa: E402
-from torchtosa.capture import capture  # noqa: E402
-from torchtosa.execute import NativeFunction  # noqa: E402
-from torchtosa.importer import import_graph  # noqa: E402
+from torchtosa.capture.trace import capture  # noqa: E402
+from torchtosa.execute.native import NativeFunction  # noqa: E402
+from torchtosa.importer.graph import import_graph  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peak import fma_peak_gflops  # noqa: E402
@@ -582,8 +582,9 @@ def write_doc(env: dict[str, str], table: str, notes: list[str], scaling: str | 
         text += ["## Compile time against depth", "",
                  "torchtosa (opt=\"default\") on BertModel h256 of 1 to 12 layers, [1x64 tokens]; \"per layer\" is "
                  "the growth of lowering + JIT + first call per added layer since the row above; \"total\" includes "
-                 "capture (TorchDynamo and AOTAutograd trace each distinct layer once: runtime/outline.py; \"layers "
-                 "traced\" counts them) and is compared with the 2-layer model's.", "", scaling, ""]
+                 "capture (TorchDynamo and AOTAutograd trace each distinct layer once: "
+                 "runtime/capture/outline.py; \"layers traced\" counts them) and is compared with the 2-layer "
+                 "model's.", "", scaling, ""]
     if notes:
         text += ["Notes:", ""] + [f"- {note}" for note in notes] + [""]
     DOC.write_text("\n".join(text))

@@ -18,8 +18,8 @@ from mlir import ir
 import torchtosa
 import torchtosa._generated
 from torchtosa import InputMismatch, TorchTosaError, Unsupported
-from torchtosa import registry as registry_module
 from torchtosa.api import CACHE
+from torchtosa.importer import registry as registry_module
 
 
 def foo(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

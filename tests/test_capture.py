@@ -1,4 +1,4 @@
-"""torchtosa.capture: graph shape, bindings, specs and errors of the captured aten graphs."""
+"""torchtosa.capture.trace: graph shape, bindings, specs and errors of the captured aten graphs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-from torchtosa.capture import Captured, capture, capture_exported, make_backend
+from torchtosa.capture.trace import Captured, capture, capture_exported, make_backend
 from torchtosa.errors import InvalidInput, Unsupported
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchtosa import cli, tosa_files
+from torchtosa import cli
+from torchtosa.artifacts import tosa_files
 
 MODELS = '''
 import torch

@@ -1,4 +1,4 @@
-"""The convolution rewrites of opt="default" (runtime/convolutions.py): 1x1 convolutions as
+"""The convolution rewrites of opt="default" (runtime/lower/convolutions.py): 1x1 convolutions as
 matmuls, depthwise convolutions without the channel multiplier, padded inputs written in place;
 each checked for what it makes of the IR and against eager and the reference lowering on random
 inputs of odd sizes, strides, paddings and groups."""
@@ -14,10 +14,10 @@ from mlir import ir
 from torch import nn
 
 import torchtosa
-from torchtosa import pipeline
-from torchtosa.execute import _prepare
-from torchtosa.layout import sink_transposes
-from torchtosa.schedule import _lanes_divisor
+from torchtosa.execute.native import _prepare
+from torchtosa.lower import pipeline
+from torchtosa.lower.layout import sink_transposes
+from torchtosa.lower.schedule import _lanes_divisor
 
 
 def _ops(fn: Any, *args: torch.Tensor, stop_before: str = "bufferize") -> list[str]:

@@ -22,9 +22,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 from generator.spec import OpDef, Sample
-from torchtosa import Unsupported, importer
-from torchtosa.execute import NativeFunction
-from torchtosa.symbolic import symbolic_part
+from torchtosa import Unsupported
+from torchtosa.capture.symbolic import symbolic_part
+from torchtosa.execute.native import NativeFunction
+from torchtosa.importer import graph as importer
 
 
 def _one_dtype() -> list[tuple[OpDef, Sample, str]]:

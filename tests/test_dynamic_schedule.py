@@ -16,7 +16,8 @@ from mlir import ir
 from torch import nn
 
 import torchtosa
-from torchtosa import execute, pipeline, schedule
+from torchtosa.execute import native as execute
+from torchtosa.lower import pipeline, schedule
 
 _COMPUTE = ("linalg.generic", "linalg.matmul", "linalg.batch_matmul", "linalg.transpose", "linalg.fill",
             "linalg.copy", "linalg.conv_2d_nhwc_fhwc", "linalg.conv_2d_nhwc_hwcf", "linalg.conv_1d_nwc_wcf")

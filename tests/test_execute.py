@@ -11,8 +11,8 @@ import torch
 from mlir import ir
 
 from torchtosa.errors import CompileError, InputMismatch, Unsupported
-from torchtosa.execute import NativeFunction, TensorSpec
-from torchtosa.pipeline import PIPELINES, lower
+from torchtosa.execute.native import NativeFunction, TensorSpec
+from torchtosa.lower.pipeline import PIPELINES, lower
 
 F32 = torch.float32
 SHIFT = '%shift = "tosa.const"() {values = dense<0> : tensor<1xi8>} : () -> tensor<1xi8>'

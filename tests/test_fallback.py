@@ -42,13 +42,13 @@ class TopkBetweenLinears(nn.Module):
 
 def _no_topk_entry(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make sure topk is not lowered (whether or not an entry exists): the test is about fallback."""
-    from torchtosa import registry as reg
+    from torchtosa.importer import registry as reg
 
     table = dict(reg.registry())
     table.pop("aten.topk.default", None)
     monkeypatch.setattr(reg, "registry", lambda: table)
-    monkeypatch.setattr("torchtosa.support.registry", lambda: table)
-    monkeypatch.setattr("torchtosa.importer.registry", lambda: table)
+    monkeypatch.setattr("torchtosa.importer.support.registry", lambda: table)
+    monkeypatch.setattr("torchtosa.importer.graph.registry", lambda: table)
 
 
 def test_topk_between_linears_runs_through_both_apis(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""int8 matmul/conv2d computed as exact f32 contractions (runtime/float_int8.py): bit for bit
+"""int8 matmul/conv2d computed as exact f32 contractions (runtime/lower/float_int8.py): bit for bit
 the reference lowering's i32 results (opt="none"), for odd sizes, reductions longer than the
 1024 products f32 sums exactly (split into chunks), the largest products, constant weights
 reshaped or transposed, and zero points (taken apart first by zero_points.py)."""
@@ -10,10 +10,10 @@ import pytest
 import torch
 from mlir import ir
 
-from torchtosa import vnni
-from torchtosa.execute import NativeFunction, TensorSpec
-from torchtosa.float_int8 import EXACT_TERMS, fast_int8_contractions
-from torchtosa.zero_points import separate_zero_points
+from torchtosa.execute.native import NativeFunction, TensorSpec
+from torchtosa.lower import vnni
+from torchtosa.lower.float_int8 import EXACT_TERMS, fast_int8_contractions
+from torchtosa.lower.zero_points import separate_zero_points
 
 I8, I32 = torch.int8, torch.int32
 
@@ -183,7 +183,7 @@ def test_conv2d_is_exact(shape: tuple[int, ...], channels: int, kernel: tuple[in
 
 def test_chunks_are_exact_sizes() -> None:
     """Chunks cover the reduction, each with at most EXACT_TERMS products."""
-    from torchtosa.float_int8 import _chunks
+    from torchtosa.lower.float_int8 import _chunks
     for total, per in [(1, 1), (1024, 1), (1025, 1), (2048, 1), (130, 9), (1030, 1), (64, 25), (3000, 7)]:
         chunks = _chunks(total, per)
         assert sum(size for _, size in chunks) == total

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 
 import torchtosa
 from torchtosa import Unsupported
-from torchtosa.registry import registry
+from torchtosa.importer.registry import registry
 
 ROOT = Path(__file__).resolve().parent
 REGRESSIONS = ROOT / "fuzz" / "regressions.json"

@@ -24,7 +24,7 @@ from test_quantizer import MLP, check_each_quantize
 
 import torchtosa
 from torchtosa import vela
-from torchtosa.execute import NativeFunction
+from torchtosa.execute.native import NativeFunction
 from torchtosa.quantizer import quantize
 
 

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 import torchtosa
-from torchtosa import toolchain
-from torchtosa.library import Library
+from torchtosa.execute import toolchain
+from torchtosa.execute.library import Library
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchtosa.registry import registry
+from torchtosa.importer.registry import registry
 from torchtosa.testing import run_op
 
 A = torch.ops.aten

@@ -30,8 +30,8 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 import torchtosa
-from torchtosa.execute import NativeFunction
-from torchtosa.registry import registry
+from torchtosa.execute.native import NativeFunction
+from torchtosa.importer.registry import registry
 
 Inputs = tuple[Any, ...]
 
@@ -212,7 +212,7 @@ def instantiate(name: str, seed: int = 0) -> tuple[nn.Module, Inputs]:
 
 def graph_ops(model: nn.Module, inputs: Inputs) -> list[str]:
     """The aten overloads of the captured core-ATen graph, sorted."""
-    from torchtosa.capture import capture
+    from torchtosa.capture.trace import capture
 
     gm = capture(model, inputs).gm
     return sorted({str(n.target) for n in gm.graph.nodes
@@ -319,7 +319,7 @@ def test_torch_compile_backend(name: str, monkeypatch: pytest.MonkeyPatch) -> No
 def test_encoder_layer_fast_path_decomposed(norm_first: bool, activation: str) -> None:
     """Under no_grad, Dynamo puts nn.TransformerEncoderLayer's fused kernel in the graph; the backend
     decomposes it (checked here on the aten graph itself, independent of the lowerings)."""
-    from torchtosa.capture import make_backend
+    from torchtosa.capture.trace import make_backend
 
     graphs = []
 

@@ -56,8 +56,8 @@ import torch.utils._pytree as pytree
 
 import torchtosa
 from torchtosa import InvalidInput, Unsupported
-from torchtosa.capture import capture
-from torchtosa.registry import registry
+from torchtosa.capture.trace import capture
+from torchtosa.importer.registry import registry
 
 pytest.importorskip("expecttest")
 from torch.testing._internal.common_methods_invocations import op_db

@@ -12,10 +12,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from generator.spec import OpDef, Sample, load_specs
 from torchtosa import InvalidInput, Unsupported
-from torchtosa import rules as R
-from torchtosa.registry import registry
+from torchtosa.importer import rules as R
+from torchtosa.importer.registry import registry
+from torchtosa.importer.tosa import storage_layout
 from torchtosa.testing import run_op
-from torchtosa.tosa import storage_layout
 
 ROOT = Path(__file__).resolve().parent.parent
 # Ops whose result values torch leaves unspecified: only shapes and dtypes are compared.

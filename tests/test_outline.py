@@ -8,9 +8,9 @@ from torch import nn
 
 import torchtosa
 from torchtosa.api import torchtosa_backend
-from torchtosa.capture import capture
+from torchtosa.capture.outline import INVOKE_SUBGRAPH, inline_subgraphs, outlined, repeated_layers
+from torchtosa.capture.trace import capture
 from torchtosa.errors import InvalidInput
-from torchtosa.outline import INVOKE_SUBGRAPH, inline_subgraphs, outlined, repeated_layers
 
 
 class Block(nn.Module):

@@ -13,9 +13,9 @@ from mlir import ir
 from torch import nn
 
 import torchtosa
-from torchtosa import schedule
-from torchtosa.execute import _prepare
-from torchtosa.pipeline import lower
+from torchtosa.execute.native import _prepare
+from torchtosa.lower import schedule
+from torchtosa.lower.pipeline import lower
 
 
 class _Bmm(nn.Module):

@@ -8,8 +8,9 @@ from mlir import ir
 from torch import nn
 
 import torchtosa
-from torchtosa import api, partition, pipeline
-from torchtosa.execute import _prepare
+from torchtosa import api
+from torchtosa.execute.native import _prepare
+from torchtosa.lower import partition, pipeline
 
 MODELS = {
     "encoder": lambda: (nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0), (torch.randn(2, 9, 32),)),

@@ -22,16 +22,16 @@ from mlir import ir
 from torch import nn
 
 import torchtosa
-from torchtosa import rules, target
 from torchtosa._generated import catalogue
-from torchtosa.capture import capture_exported
-from torchtosa.execute import NativeFunction, TensorSpec
-from torchtosa.freeze import freeze
-from torchtosa.importer import build_function
-from torchtosa.quant.patterns import rewrite_groups
-from torchtosa.target import Target
-from torchtosa.tosa import Builder
-from torchtosa.zero_points import separate_zero_points
+from torchtosa.capture.freeze import freeze
+from torchtosa.capture.trace import capture_exported
+from torchtosa.execute.native import NativeFunction, TensorSpec
+from torchtosa.importer import rules, target
+from torchtosa.importer.graph import build_function
+from torchtosa.importer.target import Target
+from torchtosa.importer.tosa import Builder
+from torchtosa.lower.zero_points import separate_zero_points
+from torchtosa.quant.passes.patterns import rewrite_groups
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # torchao's optional CUDA extensions warn on import

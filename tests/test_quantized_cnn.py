@@ -19,7 +19,7 @@ from test_quantized import QD, int8_edges, last_scale
 from torch import nn
 
 import torchtosa
-from torchtosa.execute import NativeFunction
+from torchtosa.execute.native import NativeFunction
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # torchao's optional CUDA extensions warn on import

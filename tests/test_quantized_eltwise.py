@@ -23,12 +23,12 @@ from torch import nn
 import torchtosa
 from generator.source import SpecError
 from generator.spec import load_specs
-from torchtosa import rules
-from torchtosa.capture import capture_exported
-from torchtosa.execute import NativeFunction
-from torchtosa.freeze import freeze
-from torchtosa.quant.patterns import rewrite_groups
-from torchtosa.registry import ROOT, registry
+from torchtosa.capture.freeze import freeze
+from torchtosa.capture.trace import capture_exported
+from torchtosa.execute.native import NativeFunction
+from torchtosa.importer import rules
+from torchtosa.importer.registry import ROOT, registry
+from torchtosa.quant.passes.patterns import rewrite_groups
 from torchtosa.testing import run_op
 
 QD = torch.ops.quantized_decomposed

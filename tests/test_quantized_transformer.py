@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import torchtosa
-from torchtosa import rules
-from torchtosa.execute import NativeFunction
+from torchtosa.execute.native import NativeFunction
+from torchtosa.importer import rules
 from torchtosa.quant.table import UNARY
 
 with warnings.catch_warnings():

@@ -1,5 +1,5 @@
 """torchtosa.quantizer.TosaQuantizer (PT2E annotations for TOSA's integer profile) and uint8
-activations (X86InductorQuantizer) normalized to int8 by runtime/quant/uint8.py.
+activations (X86InductorQuantizer) normalized to int8 by runtime/quant/passes/uint8.py.
 
 Quantized models are checked for their Q/DQ structure, their float accuracy against the float
 model, and through to_tosa(freeze=True): the integer groups, native code against TOSA's
@@ -18,8 +18,8 @@ import torch.fx as fx
 from torch import nn
 
 import torchtosa
-from torchtosa.execute import NativeFunction
-from torchtosa.quant.uint8 import normalize_uint8
+from torchtosa.execute.native import NativeFunction
+from torchtosa.quant.passes.uint8 import normalize_uint8
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # torchao's optional CUDA extensions warn on import

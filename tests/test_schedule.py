@@ -17,11 +17,12 @@ from mlir import ir
 from torch import nn
 
 import torchtosa
-from torchtosa import execute, pipeline, schedule, vecmath
 from torchtosa.errors import CompileError
-from torchtosa.execute import _prepare
-from torchtosa.irutil import find_ops
-from torchtosa.schedule import MATMUL_TILE, VECTOR_WIDTH, _divisor, plan
+from torchtosa.execute import native as execute
+from torchtosa.execute.native import _prepare
+from torchtosa.lower import pipeline, schedule, vecmath
+from torchtosa.lower.irutil import find_ops
+from torchtosa.lower.schedule import MATMUL_TILE, VECTOR_WIDTH, _divisor, plan
 
 
 def _linalg(fn: Any, *args: torch.Tensor, opt: str = "default", stop_before: str = "bufferize") -> ir.Module:

@@ -1,4 +1,4 @@
-"""Private functions take only the pointers of static memref arguments (runtime/static_args.py)."""
+"""Private functions take only the pointers of static memref arguments (runtime/lower/static_args.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from mlir import ir
 from torch import nn
 
 import torchtosa
-from torchtosa import api, partition, pipeline
-from torchtosa.execute import _prepare
-from torchtosa.static_args import _constant_fields, _width, constant_fields
+from torchtosa import api
+from torchtosa.execute.native import _prepare
+from torchtosa.lower import partition, pipeline
+from torchtosa.lower.static_args import _constant_fields, _width, constant_fields
 
 
 def test_constant_fields_of_each_argument_kind() -> None:

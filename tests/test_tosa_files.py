@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 import torchtosa
-from torchtosa.execute import NativeFunction
-from torchtosa.importer import Program
-from torchtosa.tosa_files import portable_bools
-from torchtosa.tosa_tools import ENV
+from torchtosa.artifacts.tosa_files import portable_bools
+from torchtosa.artifacts.tosa_tools import ENV
+from torchtosa.execute.native import NativeFunction
+from torchtosa.importer.graph import Program
 
 
 class MLP(nn.Module):

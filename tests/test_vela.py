@@ -20,10 +20,10 @@ from test_quantized import MLP, ConvNet, int8_edges, quantized
 
 import torchtosa
 from torchtosa import vela
-from torchtosa.execute import NativeFunction
-from torchtosa.importer import Program
-from torchtosa.irutil import find_ops
-from torchtosa.tosa_files import _function
+from torchtosa.artifacts.tosa_files import _function
+from torchtosa.execute.native import NativeFunction
+from torchtosa.importer.graph import Program
+from torchtosa.lower.irutil import find_ops
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # torchao's optional CUDA extensions warn on import

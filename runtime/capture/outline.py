@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .errors import Unsupported
+from ..errors import Unsupported
 
 __all__ = ["inline_subgraphs", "outlined", "repeated_layers"]
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 from mlir import ir
 
-from .errors import NotConformant
-from .irutil import run_passes
+from ..errors import NotConformant
+from ..lower.irutil import run_passes
 
 PROFILES = {"FP": "pro_fp", "INT": "pro_int"}
 VERSIONS = {"1.0": "1.0", "1.1": "1.1.draft"}

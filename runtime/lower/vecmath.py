@@ -26,8 +26,8 @@ from mlir.execution_engine import ExecutionEngine
 from mlir.passmanager import PassManager
 from mlir.runtime import get_ranked_memref_descriptor
 
+from ..execute.toolchain import host_has
 from .irutil import find_ops
-from .toolchain import host_has
 
 # math op -> libmvec base name (float variant appends "f")
 FUNCTIONS = {

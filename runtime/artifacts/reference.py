@@ -25,13 +25,13 @@ import numpy as np
 import torch
 from numpy.lib import format as npy
 
+from ..errors import InputMismatch, ToolError, Unsupported
+from ..execute.native import TensorSpec
 from . import tosa_tools
-from .errors import InputMismatch, ToolError, Unsupported
-from .execute import TensorSpec
 from .tosa_files import element_types, serialize
 
 if TYPE_CHECKING:
-    from .importer import Program
+    from ..importer.graph import Program
 
 # how the reference model stores each TOSA element type in a .npy file (bf16: raw 16-bit words,
 # numpy descr '<V2')

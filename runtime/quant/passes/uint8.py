@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from .library import QD
+from ..library import QD
 
 _SHIFT = 128
 

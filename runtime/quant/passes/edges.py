@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from .library import QD
+from ..library import QD
 
 aten = torch.ops.aten
 _Q = QD.quantize_per_tensor.default

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from ..errors import InvalidInput
 from . import target
-from .errors import InvalidInput
 
 f16, bf16, f32, f64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
 i8, i16, i32, i64, u8, bool_ = torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool
@@ -31,7 +31,7 @@ len, range, abs, sum, all, any = (
 float, list, sorted, enumerate, zip, reversed = (
     builtins.float, builtins.list, builtins.sorted, builtins.enumerate, builtins.zip, builtins.reversed)
 
-# Sizes are ints or SymInts (symbolic sizes of the graph's ShapeEnv, see runtime/symbolic.py).
+# Sizes are ints or SymInts (symbolic sizes of the graph's ShapeEnv, see runtime/capture/symbolic.py).
 # Arithmetic on a SymInt stays symbolic; a comparison whose answer is needed (`if`, `and`,
 # sorted) guards, i.e. fixes what the compiled code assumes. The builtins below compute
 # symbolically where they can: min/max as sym_min/sym_max, int() keeps a SymInt.
@@ -824,7 +824,7 @@ def unary_table(function: str, alpha: float, input_scale: float, input_zero_poin
     """The 256 int8 entries of the tosa.table for qunary's group (runtime/quant/table.py): the
     group's own float computation of every int8 input -128..127; None for an unknown function or
     a NaN result."""
-    from .quant.table import unary_table as table
+    from ..quant.table import unary_table as table
 
     return table(function, alpha, input_scale, input_zero_point, output_scale, output_zero_point, quant_min, quant_max)
 

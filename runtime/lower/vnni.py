@@ -25,7 +25,7 @@ from collections.abc import Callable
 import numpy as np
 from mlir import ir
 
-from .toolchain import host_has
+from ..execute.toolchain import host_has
 
 ROWS = 8  # rows of a register tile
 LANES = 16  # i32 lanes of a 512-bit vector

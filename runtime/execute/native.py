@@ -23,10 +23,10 @@ import torch
 from mlir import ir
 from mlir.execution_engine import ExecutionEngine
 
-from . import progress
-from .errors import CompileError, InputMismatch, Unsupported
-from .pipeline import Scratch, lower
-from .symbolic import Bound, Size, evaluator, free_symbols, symbol_sources
+from .. import progress
+from ..capture.symbolic import Bound, Size, evaluator, free_symbols, symbol_sources
+from ..errors import CompileError, InputMismatch, Unsupported
+from ..lower.pipeline import Scratch, lower
 
 # Element type of each supported dtype at the boundary, as the TOSA builder
 # (tosa.py) types it; bool is a byte holding 0 or 1.

@@ -9,10 +9,10 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
-from .errors import TorchTosaError
+from ..errors import TorchTosaError
 
 PRIMARY = "tosa"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Eager:
 
 @dataclass(frozen=True)
 class Pattern:
-    """A node group one torchtosa op replaces, from an entry's `match` (runtime/quant/patterns.py)."""
+    """A node group one torchtosa op replaces, from an entry's `match` (runtime/quant/passes/patterns.py)."""
 
     op: str  # "torchtosa.qlinear.default"
     where: str
@@ -53,13 +53,10 @@ def patterns() -> list[Pattern]:
 def generator_inputs(root: Path = ROOT) -> list[Path]:
     """Every file the generated registry depends on."""
     files = [*root.glob("opdefs/*.yaml"), *root.glob("generator/*.py"), *root.glob("generator/*.lark"),
-             *root.glob("generator/templates/*.j2"), root / "runtime" / "rules.py",
+             *root.glob("generator/templates/*.j2"), root / "runtime" / "importer" / "rules.py",
              *root.glob("runtime/quant/*.py")]
-    return sorted(p for p in files if p.is_file() and p.name not in _GRAPH_PASSES)
+    return sorted(p for p in files if p.is_file())
 
-
-# modules of runtime/quant/ that rewrite graphs and define no group op: the generator does not load them
-_GRAPH_PASSES = {"patterns.py", "edges.py", "uint8.py"}
 
 
 def source_hash(paths: list[Path], root: Path = ROOT) -> str:
@@ -91,7 +88,7 @@ def eager_reasons() -> dict[str, Eager]:
 
 def _generated() -> ModuleType:
     try:
-        from ._generated import registry as generated
+        from .._generated import registry as generated
     except ImportError as err:
         raise TorchTosaError("the generated op registry is missing: run `make gen` "
                              f"(it renders opdefs/*.yaml into runtime/_generated) [{err}]") from None

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .errors import TorchTosaError
+from ..capture.symbolic import same_shape, show, static
+from ..errors import TorchTosaError
 from .registry import eager_reasons, registry
-from .symbolic import same_shape, show, static
 from .tosa import Tensor, element_dtypes, storage_layout, wrapped_dtype
 
 

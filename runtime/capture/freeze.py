@@ -16,8 +16,8 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from .capture import Captured
 from .symbolic import is_static
+from .trace import Captured
 
 # A folded value may be larger than the constants it is computed from (an expanded bias, a
 # mask): up to this many elements.

@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import ToolError
+from ..errors import ToolError
 
 ENV = "TORCHTOSA_TOSA_TOOLS"
 VERSION = "2026.8.0"  # the tosa-tools release `make tosa-tools` installs (keep in step with the Makefile)
@@ -26,7 +26,7 @@ TIMEOUT = 600.0  # seconds a tool may run
 def home() -> Path:
     """The tosa-tools installation: `$TORCHTOSA_TOSA_TOOLS`, else `.tosa-tools` of this checkout."""
     configured = os.environ.get(ENV)
-    return Path(configured) if configured else Path(__file__).resolve().parent.parent / ".tosa-tools"
+    return Path(configured) if configured else Path(__file__).resolve().parents[2] / ".tosa-tools"
 
 
 def program(name: str) -> Path:

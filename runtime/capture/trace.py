@@ -31,8 +31,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx.experimental.symbolic_shapes import has_free_symbols
 
-from .errors import InvalidInput, TorchTosaError, Unsupported
-from .options import Options
+from ..errors import InvalidInput, TorchTosaError, Unsupported
+from ..options import Options
 from .outline import inline_subgraphs, outlined, repeated_layers
 
 __all__ = ["Captured", "capture", "capture_exported", "make_backend"]
@@ -72,7 +72,7 @@ pytree.register_pytree_node(
     _Constant,
     lambda c: ([], c.value),
     lambda _children, value: value,
-    serialized_type_name="torchtosa.capture._Constant",
+    serialized_type_name="torchtosa.capture.trace._Constant",
 )
 
 

@@ -24,9 +24,10 @@ import torch
 from mlir import ir
 from mlir.dialects import linalg
 
-from . import bounds, symbolic, target
-from .errors import LoweringError, Unsupported
-from .symbolic import Dim, is_static, same_shape, static
+from ..capture import symbolic
+from ..capture.symbolic import Dim, is_static, same_shape, static
+from ..errors import LoweringError, Unsupported
+from . import bounds, target
 
 _ELEMENT = {
     torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",

@@ -16,7 +16,7 @@ from pathlib import Path
 from mlir import ir
 from mlir.dialects import llvm
 
-from .errors import CompileError
+from ..errors import CompileError
 
 TIMEOUT = 900  # seconds for one tool run (llc on a large model takes a minute)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .execute import TensorSpec, _contiguous_strides
+from .native import TensorSpec, _contiguous_strides
 
 ALIGNMENT = 64  # bytes: of the scratch arena (pipeline._ALIGNMENT) and of each embedded parameter
 

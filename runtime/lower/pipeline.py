@@ -31,9 +31,10 @@ from collections.abc import Callable
 from mlir import ir
 from mlir.dialects import arith, linalg, memref, tensor
 
-from . import progress, vnni
+from .. import progress
+from ..errors import CompileError
+from . import vnni
 from .convolutions import rewrite_convolutions
-from .errors import CompileError
 from .float_int8 import fast_int8_contractions
 from .irutil import find_ops, is_sub_byte, run_passes, top_level
 from .layout import sink_transposes

@@ -29,13 +29,14 @@ import sympy
 import torch
 from mlir import ir
 
-from . import target, tosa_tools
-from .errors import InvalidFile, ToolError, Unsupported
-from .execute import TensorSpec
-from .irutil import find_ops
+from ..errors import InvalidFile, ToolError, Unsupported
+from ..execute.native import TensorSpec
+from ..importer import target
+from ..lower.irutil import find_ops
+from . import tosa_tools
 
 if TYPE_CHECKING:
-    from .importer import Program
+    from ..importer.graph import Program
 
 NAME = "tosa.tensor_name"
 DTYPE = "torchtosa.dtype"
@@ -289,7 +290,7 @@ def _attributes(old: list[dict[str, ir.Attribute]], names: list[str], specs: lis
 
 def _program(text: str, path: Path) -> Program:
     """The Program of a module's text; names and dtype attributes move into the Program."""
-    from .importer import Program
+    from ..importer.graph import Program
 
     context = ir.Context()
     with context, ir.Location.unknown():

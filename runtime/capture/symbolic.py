@@ -34,7 +34,7 @@ from torch.utils._sympy.functions import (
     ToFloat,
 )
 
-from .errors import Unsupported
+from ..errors import Unsupported
 
 Dim = int | torch.SymInt
 Size = int | sympy.Expr  # a dim of a TensorSpec: an int or an expression in the graph's symbols

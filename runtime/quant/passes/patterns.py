@@ -24,8 +24,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ..registry import Pattern, patterns
-from ..support import schema_arguments, unsupported_reason
+from ...importer.registry import Pattern, patterns
+from ...importer.support import schema_arguments, unsupported_reason
 
 _DTYPES = {"i8": torch.int8, "i16": torch.int16, "i32": torch.int32, "u8": torch.uint8}
 

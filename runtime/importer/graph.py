@@ -17,9 +17,10 @@ from mlir import ir
 from mlir.dialects import func
 from mlir.passmanager import PassManager
 
-from . import symbolic, target
-from .errors import InvalidInput, LoweringError, TorchTosaError, Unsupported
-from .execute import TensorSpec
+from ..capture import symbolic
+from ..errors import InvalidInput, LoweringError, TorchTosaError, Unsupported
+from ..execute.native import TensorSpec
+from . import target
 from .registry import registry
 from .support import is_size, schema_arguments, used_results
 from .target import Target
@@ -55,9 +56,9 @@ class Program:
     # the names of the function's arguments and results in TOSA files (`input_0`, `output_0`... by default)
     input_names: list[str] = field(default_factory=list)
     output_names: list[str] = field(default_factory=list)
-    # node groups a pattern fitted (runtime/quant/patterns.py) and the path each took: integer or float
+    # node groups a pattern fitted (runtime/quant/passes/patterns.py) and the path each took: integer or float
     groups: list[Any] = field(default_factory=list)
-    # integer edges of a quantized model under an INT-only target (runtime/quant/edges.py):
+    # integer edges of a quantized model under an INT-only target (runtime/quant/passes/edges.py):
     # how each int8 input and output encodes floats (None: a plain tensor)
     input_quantization: list[Any] = field(default_factory=list)
     output_quantization: list[Any] = field(default_factory=list)
@@ -71,13 +72,13 @@ class Program:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the program as MLIR text (`.mlir`) or a TOSA flatbuffer (`.tosa`); see tosa_files."""
-        from .tosa_files import save
+        from ..artifacts.tosa_files import save
 
         save(self, path)
 
     def reference(self, *tensors: torch.Tensor, **named: torch.Tensor) -> list[torch.Tensor]:
         """The outputs of TOSA's reference model run on this program; see reference.py."""
-        from .reference import run_reference
+        from ..artifacts.reference import run_reference
 
         return run_reference(self, *tensors, **named)
 

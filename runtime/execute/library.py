@@ -22,12 +22,12 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from ..api import _capture, _check_call
+from ..errors import CompileError, Unsupported
+from ..importer.graph import Program, import_graph
+from ..lower.pipeline import check_opt, lower
 from . import cabi, toolchain
-from .api import _capture, _check_call
-from .errors import CompileError, Unsupported
-from .execute import TensorSpec, _prepare, openmp_runtime
-from .importer import Program, import_graph
-from .pipeline import check_opt, lower
+from .native import TensorSpec, _prepare, openmp_runtime
 
 OnStage = Callable[[str, float], None]
 
