@@ -127,3 +127,36 @@ def test_consecutive_convolutions_stay_nhwc() -> None:
 
 def test_depthwise_channel_tiles_are_whole_registers() -> None:
     assert [_lanes_divisor(n, 32) for n in (144, 96, 960, 24, 40, 7)] == [16, 32, 32, 24, 20, 7]
+
+
+def test_max_pooling_is_channels_last_with_its_pads_in_place() -> None:
+    """The pooling is NHWC (channels innermost, for LLVM's vectorizer) and its padded input and
+    -inf mask are written in place by their producers: no tensor.pad, no copy but the result's."""
+    model = nn.MaxPool2d(3, 2, 1).eval()
+    x = torch.randn(1, 64, 15, 17)
+    program = torchtosa.to_tosa(model, x, target=None)
+    assert "tosa.max_pool2d" in str(program.module) and "x64xf32>" in str(program.module)
+    assert "tensor.pad" not in _ops(model, x, stop_before="bufferize")
+    assert _ops(model, x, stop_before="openmp").count("memref.copy") <= 1
+
+
+@pytest.mark.parametrize(("channels", "size", "kernel", "stride", "padding", "ceil_mode"), [
+    (64, (15, 17), 3, 2, 1, False), (48, (9, 11), 3, 2, 1, True), (20, (8, 8), 2, 2, 0, False),
+    (3, (7, 9), (3, 2), (2, 1), (1, 0), True), (32, (6, 6), 3, 1, 1, False),
+])
+def test_max_pooling_matches_eager(channels: int, size: tuple[int, int], kernel: Any, stride: Any, padding: Any,
+                                   ceil_mode: bool) -> None:
+    x = -torch.rand(2, channels, *size) - 1.0  # negative: the -inf padding, not 0, is the max's start
+    x[0, :, :3, :3] = float("-inf")  # windows of -inf only come out -inf
+    _check(nn.MaxPool2d(kernel, stride, padding, ceil_mode=ceil_mode), x)
+
+
+@pytest.mark.parametrize("count_include_pad", [True, False])
+@pytest.mark.parametrize(("channels", "size", "kernel", "stride", "padding", "ceil_mode"), [
+    (64, (15, 17), 3, 2, 1, False), (40, (9, 11), 3, 2, 1, True), (32, (14, 14), 3, 1, 1, False),
+    (5, (7, 9), (3, 2), (2, 1), (1, 0), True),
+])
+def test_avg_pooling_matches_eager(channels: int, size: tuple[int, int], kernel: Any, stride: Any, padding: Any,
+                                   ceil_mode: bool, count_include_pad: bool) -> None:
+    pool = nn.AvgPool2d(kernel, stride, padding, ceil_mode=ceil_mode, count_include_pad=count_include_pad)
+    _check(pool, torch.randn(1, channels, *size))

@@ -13,7 +13,8 @@
   linalg op (the NCHW -> NHWC transpose before a convolution) is a filled buffer whose interior
   that op writes in place. Bufferized as it was, the pad was an element-by-element fill and a
   copy of the input into the interior by the runtime library's generic (element by element)
-  memrefCopy, up to a third of a depthwise convolution's time.
+  memrefCopy, up to a third of a depthwise convolution's time. The same for a max pooling's
+  padded input (read by its -inf mask too) and its i8 mask.
 """
 
 from __future__ import annotations
@@ -114,11 +115,10 @@ def _depthwise_hwc(op: ir.Operation) -> None:
 
 
 def _constant_pad(op: ir.Operation) -> ir.Value | None:
-    """The padding value of a static tensor.pad of f32 by a value defined outside it, else None."""
-    types = [op.operands[0].type, op.results[0].type]
-    if len(list(op.operands)) != 1 or not all(
-            ir.RankedTensorType(t).has_static_shape and isinstance(ir.RankedTensorType(t).element_type, ir.F32Type)
-            for t in types):
+    """The padding value of a static tensor.pad of floats or integers of 8 bits or more (a max
+    pooling's i8 mask too; no i1 buffers) by a value defined outside it, else None."""
+    types = [ir.RankedTensorType(t) for t in (op.operands[0].type, op.results[0].type)]
+    if len(list(op.operands)) != 1 or not all(t.has_static_shape and _byte_element(t.element_type) for t in types):
         return None  # dynamic low/high operands
     block = op.regions[0].blocks[0]
     value = list(block.operations)[-1].operands[0]
@@ -127,18 +127,26 @@ def _constant_pad(op: ir.Operation) -> ir.Value | None:
     return value
 
 
+def _byte_element(element: ir.Type) -> bool:
+    if isinstance(element, ir.IntegerType):
+        return ir.IntegerType(element).width >= 8
+    return isinstance(element, (ir.F32Type, ir.F16Type, ir.BF16Type, ir.F64Type))
+
+
 def _padded_producer(op: ir.Operation) -> tuple[ir.Operation, list[list[int]] | None] | None:
     """The linalg op computing tensor.pad `op`'s input (through one tensor.collapse_shape, whose
-    reassociation is returned too) if it has no other use, is a transpose or an elementwise
-    generic with one result and does not read its init; else None."""
+    reassociation is returned too) if it is a transpose or an elementwise generic with one result
+    and does not read its init; else None. Other readers of that input (a max pooling's -inf
+    mask) then read the padded buffer's interior: in place if they come before the pad, else
+    bufferization copies the interior for them."""
     value, groups = op.operands[0], None
     owner = value.owner if isinstance(value, ir.OpResult) else None
-    if owner is not None and owner.name == "tensor.collapse_shape" and len(list(value.uses)) == 1:
+    if owner is not None and owner.name == "tensor.collapse_shape":
         groups = [[int(ir.IntegerAttr(d).value) for d in ir.ArrayAttr(g)]
                   for g in ir.ArrayAttr(owner.attributes["reassociation"])]
         value = owner.operands[0]
         owner = value.owner if isinstance(value, ir.OpResult) else None
-    if owner is None or owner.name not in ("linalg.transpose", "linalg.generic") or len(list(value.uses)) != 1:
+    if owner is None or owner.name not in ("linalg.transpose", "linalg.generic"):
         return None
     iterators = str(owner.attributes["iterator_types"]) if "iterator_types" in owner.attributes else ""
     if len(owner.results) != 1 or "reduction" in iterators:
