@@ -11,28 +11,19 @@ from typing import Any
 import pytest
 import torch
 from mlir import ir
+from test_models import _randomize_bn
+from test_schedule import _linalg
+from test_schedule import _ops as op_names
 from torch import nn
 
 import torchtosa
-from torchtosa.execute.native import _prepare
-from torchtosa.lower import pipeline
 from torchtosa.lower.layout import sink_transposes
 from torchtosa.lower.schedule import _lanes_divisor
 
 
 def _ops(fn: Any, *args: torch.Tensor, stop_before: str = "bufferize") -> list[str]:
     """The names of the ops of `fn`'s module, lowered with opt="default" up to `stop_before`."""
-    program = torchtosa.to_tosa(fn, *args, target=None)
-    module = _prepare(program.module, "forward", tuple(program.inputs), tuple(program.outputs))
-    pipeline.lower(module, "default", stop_before=stop_before)
-    names: list[str] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        names.append(op.name)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
-    return names
+    return op_names(_linalg(fn, *args, stop_before=stop_before))
 
 
 def _check(model: nn.Module, x: torch.Tensor) -> None:
@@ -96,14 +87,7 @@ def test_conv_block_with_bn_relu_and_pool_matches_eager() -> None:
         nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.BatchNorm2d(16), nn.ReLU(),
         nn.Conv2d(16, 24, 1), nn.MaxPool2d(3, 2, 1), nn.Conv2d(24, 24, 3, padding=1),
     )
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.5, 0.5)
-                m.running_var.uniform_(0.5, 1.5)
-                m.weight.uniform_(0.5, 1.5)
-                m.bias.uniform_(-0.5, 0.5)
-    _check(model, torch.randn(2, 3, 29, 31))
+    _check(_randomize_bn(model), torch.randn(2, 3, 29, 31))
 
 
 def test_consecutive_convolutions_stay_nhwc() -> None:

@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from mlir import ir
+from test_schedule import _linalg
+from test_schedule import _ops as op_names
 from torch import nn
 
 import torchtosa
@@ -47,17 +48,7 @@ def _cases() -> dict[str, tuple[Callable[..., torch.Tensor], tuple[torch.Tensor,
 
 def _lowered(fn: Callable[..., torch.Tensor], args: tuple[torch.Tensor, ...], stop_before: str) -> list[str]:
     """The names of the ops of `fn`'s module lowered with opt="parallel" up to `stop_before`."""
-    program = torchtosa.to_tosa(fn, *args, target=None)
-    module = _prepare(program.module, "forward", tuple(program.inputs), tuple(program.outputs))
-    lower(module, "parallel", stop_before=stop_before)
-    names: list[str] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        names.append(op.name)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
-    return names
+    return op_names(_linalg(fn, *args, opt="parallel", stop_before=stop_before))
 
 
 # the op of each case that runs on threads
