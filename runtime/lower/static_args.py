@@ -73,8 +73,14 @@ def _static_layout(t: ir.Type) -> tuple[list[int], list[int], int] | None:
 
 
 def _width(types: list[ir.Type]) -> int:
-    """How many LLVM arguments `types` become: a ranked memref 3 + 2 x rank, anything else one."""
-    return sum(3 + 2 * ir.MemRefType(t).rank if isinstance(t, ir.MemRefType) else 1 for t in types)
+    """How many LLVM arguments `types` become."""
+    return sum(map(_arg_width, types))
+
+
+def _arg_width(t: ir.Type) -> int:
+    """How many LLVM arguments one argument of type `t` becomes: a ranked memref 3 + 2 x rank
+    (two pointers, offset, sizes, strides), anything else one."""
+    return 3 + 2 * ir.MemRefType(t).rank if isinstance(t, ir.MemRefType) else 1
 
 
 def _constant_fields(types: list[ir.Type]) -> list[tuple[int, int]] | None:
@@ -89,5 +95,5 @@ def _constant_fields(types: list[ir.Type]) -> list[tuple[int, int]] | None:
         if layout is not None:
             shape, strides, offset = layout
             fields += [(position + 2 + i, v) for i, v in enumerate([offset, *shape, *strides])]
-        position += 3 + 2 * ir.MemRefType(t).rank if isinstance(t, ir.MemRefType) else 1
+        position += _arg_width(t)
     return fields
