@@ -22,7 +22,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import linalg, tensor
 
-from .irutil import find_ops
+from .irutil import find_ops, is_sub_byte
 
 CONV = "linalg.conv_2d_nhwc_fhwc"  # loops (n, oh, ow, f, kh, kw, c)
 DEPTHWISE = "linalg.depthwise_conv_2d_nhwc_hwc"  # loops (n, oh, ow, c, kh, kw)
@@ -128,9 +128,9 @@ def _constant_pad(op: ir.Operation) -> ir.Value | None:
 
 
 def _byte_element(element: ir.Type) -> bool:
-    if isinstance(element, ir.IntegerType):
-        return ir.IntegerType(element).width >= 8
-    return isinstance(element, (ir.F32Type, ir.F16Type, ir.BF16Type, ir.F64Type))
+    """An integer of a byte or more, or a float: an element type buffers can hold."""
+    return isinstance(element, (ir.IntegerType, ir.F32Type, ir.F16Type, ir.BF16Type, ir.F64Type)) \
+        and not is_sub_byte(element)
 
 
 def _padded_producer(op: ir.Operation) -> tuple[ir.Operation, list[list[int]] | None] | None:
