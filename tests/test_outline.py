@@ -43,6 +43,25 @@ class Stack(nn.Module):
         return self.head(x)
 
 
+class KeywordBlock(Block):
+    """Called with keyword operands, as a transformer block gets its mask."""
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0, *, mask: torch.Tensor | None = None) -> torch.Tensor:
+        y = super().forward(x) * scale
+        return y if mask is None else y.masked_fill(mask, 0.0)
+
+
+class KeywordStack(Stack):
+    def __init__(self, n: int, scales: list[float]) -> None:
+        super().__init__([KeywordBlock() for _ in range(n)])
+        self.scales = scales
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        for block, scale in zip(self.blocks, self.scales, strict=True):
+            x = block(x, mask=mask) if scale == 1.0 else block(x, scale=scale, mask=mask)
+        return self.head(x)
+
+
 def _stack(n: int, cls: type[nn.Module] = Block) -> Stack:
     torch.manual_seed(0)
     return Stack([cls() for _ in range(n)]).eval()
@@ -79,6 +98,26 @@ def test_compiled_model_of_identical_blocks_matches_eager() -> None:
     y = torch.randn(4, 16)
     with torch.no_grad():
         torch.testing.assert_close(compiled(y), model(y), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("scales", [[1.0] * 4, [1.0, 0.5, 1.0, 0.5]])
+def test_blocks_called_with_keywords_are_traced_once_per_distinct_call(scales: list[float]) -> None:
+    torch.manual_seed(0)
+    model, x = KeywordStack(4, scales).eval(), torch.randn(2, 8, 16)
+    mask = torch.rand(2, 8, 16) > 0.7
+    captured = capture(model, (x, mask))
+    # a keyword's value is an operand of the region: blocks called with another scale are traced apart
+    assert sorted(captured.outlined.values()) == ([4] if set(scales) == {1.0} else [2, 2])
+    with torch.no_grad():
+        torch.testing.assert_close(captured.gm(*captured.params, x, mask)[0], model(x, mask))
+        with outlined(model):  # the marked forward keeps the block's signature and results in eager
+            torch.testing.assert_close(model(x, mask), model.head(_eager_blocks(model, x, mask)))
+
+
+def _eager_blocks(model: KeywordStack, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    for block, scale in zip(model.blocks, model.scales, strict=True):
+        x = KeywordBlock.forward(block, x, scale, mask=mask)
+    return x
 
 
 def test_blocks_that_differ_in_shape_are_not_grouped() -> None:

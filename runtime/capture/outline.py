@@ -19,9 +19,10 @@ flat aten graph (and `partition` merges the identical layers again when lowering
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -78,15 +79,12 @@ def outlined(module: torch.nn.Module) -> Iterator[int]:
     many blocks were marked (0: nothing to outline, the model is untouched)."""
     swapped: list[tuple[torch.nn.Module, type]] = []
     marked: dict[type, type] = {}
-    # nested_compile_region notes its options on the function it wraps: taken off again on exit
-    noted: list[tuple[Any, set[str]]] = []
     try:
         for group in repeated_layers(module):
             for block in group:
                 cls = type(block)
                 if cls not in marked:
-                    noted.append((cls.forward, set(vars(cls.forward))))
-                    forward = torch.compiler.nested_compile_region(cls.forward)
+                    forward = _positional_region(cls.forward)
                     marked[cls] = type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__,
                                                               "__qualname__": cls.__qualname__})
                 block.__class__ = marked[cls]
@@ -95,9 +93,29 @@ def outlined(module: torch.nn.Module) -> Iterator[int]:
     finally:
         for block, cls in swapped:
             block.__class__ = cls
-        for function, attributes in noted:
-            for name in set(vars(function)) - attributes:
-                delattr(function, name)
+
+
+def _positional_region(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """`forward` as a nested compile region called with positional operands only.
+
+    Dynamo matches a call against the region's earlier traces cheaply when every operand is a
+    tensor or constant passed positionally; keyword operands (a transformer block gets its masks
+    and caches as keywords) make it trace a pytree flatten of them on every call. So the region
+    takes `(self, n, *args, *names, *values)`, with `n` the number of positional arguments and
+    the keywords' names as constants, and calls `forward(self, *args, **dict(zip(names, values)))`.
+    """
+
+    @torch.compiler.nested_compile_region
+    def region(self: torch.nn.Module, positional: int, *operands: Any) -> Any:
+        keywords = (len(operands) - positional) // 2
+        args, names = operands[:positional], operands[positional:positional + keywords]
+        return forward(self, *args, **dict(zip(names, operands[positional + keywords:], strict=True)))
+
+    @functools.wraps(forward, updated=())
+    def call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return region(self, len(args), *args, *kwargs, *kwargs.values())
+
+    return call
 
 
 def inline_subgraphs(gm: fx.GraphModule) -> dict[str, int]:
