@@ -120,6 +120,18 @@ def test_buffers_and_tensor_attributes_are_lifted() -> None:
     assert len(c.params) == 4 and c.params[3] is m.k
 
 
+def test_placeholders_are_named_for_the_state_and_the_arguments() -> None:
+    m, x = Scaled(), torch.randn(2, 4)
+    c = capture(m, (x,))
+    targets = [n.target for n in placeholders(c)]
+    assert targets[:3] == ["p_w", "b_b", "b_c"] and targets[4] == "x" and c.params[3] is m.k
+    w = torch.randn(3)
+    # a closed-over tensor keeps Dynamo's name; an argument named like an aten op keeps its own
+    c = capture(lambda y, add: y * w + add, (torch.randn(3), torch.randn(3)))
+    assert [n.target for n in placeholders(c)][1:] == ["y", "add"] and c.params[0] is w
+    check_graph(c)
+
+
 def test_graph_only_has_aten_nodes() -> None:
     c = capture(MLP().eval(), (torch.randn(2, 16),))
     assert torch.ops.aten.addmm.default in call_targets(c)

@@ -166,7 +166,8 @@ def capture_exported(ep: torch.export.ExportedProgram) -> Captured:
             gm.graph.erase_node(node)  # a specialised non-tensor input, unused
     _check_graph(gm, static=False)  # torch.export's Dims: symbolic sizes within their ranges
     out_spec = _tensor_outputs_only(gm, ep.call_spec.out_spec)
-    _simplify(gm)
+    _simplify(gm.graph)
+    gm.recompile()
     example = ep.example_inputs or ((), {})
     inputs = [x for x in pytree.tree_leaves(example) if isinstance(x, torch.Tensor)]
     return Captured(gm, params, inputs, ep.call_spec.in_spec, out_spec, names)
@@ -189,7 +190,8 @@ def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]
         inline_subgraphs(gm)  # nested compile regions the user marked
         if options.fallback == "error":
             _check_graph(gm, static=False)
-        _simplify(gm)
+        _simplify(gm.graph)
+        gm.recompile()
         compiled: Callable[..., Any] | None = None
 
         def run(args: list[Any]) -> Any:
@@ -319,34 +321,30 @@ class _Recorder:
         state_names: dict[int, str], input_names: list[str],
     ) -> tuple[fx.GraphModule, list[torch.Tensor]]:
         """The recorded graph with placeholders (params, user inputs) and the user's output leaves;
-        placeholders are named by `state_names` (by tensor identity) and `input_names`."""
+        placeholders are named by `state_names` (by tensor identity) and `input_names`. The graph
+        is changed in place (a copy node by node cost as much as the trace's own bookkeeping)."""
         old = self.gm
+        graph = old.graph
         bound = _bound_values(old, self.args)
         user_ids = {id(x) for x in inputs}
         lifted = {id(v): v for v in bound.values() if id(v) not in user_ids}
         params = sorted(lifted.values(), key=lambda v: state_order.get(id(v), len(state_order)))
-        graph = fx.Graph()
+        fw_outs = graph.output_node().args[0]
+        outputs = tuple(self._output_node(leaf, fw_outs, bound) for leaf in out_leaves)
         names = [state_names.get(id(p), "") for p in params] + input_names
-        env = _bind_new_placeholders(graph, old, bound, params, inputs, names)
-        for node in old.graph.nodes:
-            if node not in env and node.op != "output":
-                env[node] = graph.node_copy(node, env.__getitem__)
-        fw_outs = old.graph.output_node().args[0]
-        graph.output(tuple(self._output_node(leaf, fw_outs, env, bound) for leaf in out_leaves))
-        gm = fx.GraphModule(torch.nn.Module(), graph)
-        _simplify(gm)
-        return gm, params
+        env = _bind_new_placeholders(graph, bound, params, inputs, names)
+        graph.output_node().args = (tuple(env.get(node, node) for node in outputs),)
+        _simplify(graph)
+        return fx.GraphModule(torch.nn.Module(), graph), params
 
-    def _output_node(
-        self, leaf: Any, fw_outs: Sequence[fx.Node], env: dict[fx.Node, fx.Node], bound: dict[fx.Node, Any]
-    ) -> fx.Node:
-        """The new graph's node computing the user's output `leaf`."""
+    def _output_node(self, leaf: Any, fw_outs: Sequence[fx.Node], bound: dict[fx.Node, Any]) -> fx.Node:
+        """The recorded graph's node computing the user's output `leaf`."""
         for out, node in zip(self.outputs, fw_outs, strict=False):
             if out is leaf:
-                return env[node]
+                return node
         for node, value in bound.items():
             if value is leaf:
-                return env[node]
+                return node
         raise Unsupported("an output tensor is neither computed by the graph nor one of its inputs")
 
 
@@ -365,27 +363,41 @@ def _bound_values(gm: fx.GraphModule, args: list[Any]) -> dict[fx.Node, Any]:
 
 def _bind_new_placeholders(
     graph: fx.Graph,
-    old: fx.GraphModule,
     bound: dict[fx.Node, Any],
     params: list[torch.Tensor],
     inputs: list[torch.Tensor],
     names: list[str],
 ) -> dict[fx.Node, fx.Node]:
-    """Create one placeholder per param then per user input, called by `names` (where not
-    empty); map old nodes onto them."""
+    """Make the placeholders of `graph` one per param then per user input, in that order and
+    called by `names` (where not empty), in place of the nodes of `bound`; returns each one's
+    replacement."""
     nodes_of: dict[int, list[fx.Node]] = {}
     for node, value in bound.items():
         nodes_of.setdefault(id(value), []).append(node)
-    fake_mode = detect_fake_mode([n.meta.get("val") for n in old.graph.nodes]) or FakeTensorMode()
+    fake_mode = detect_fake_mode([n.meta.get("val") for n in graph.nodes]) or FakeTensorMode()
     env: dict[fx.Node, fx.Node] = {}
+    order: list[fx.Node] = []
     for i, (value, given) in enumerate(zip([*params, *inputs], names, strict=True)):
         olds = nodes_of.pop(id(value), [])
-        name = given or (olds[0].name if olds else f"arg{i}")
-        new = graph.placeholder(name)
-        new.meta.update(olds[0].meta if olds else {})
-        if "val" not in new.meta:
-            new.meta["val"] = fake_mode.from_tensor(value, static_shapes=True)
-        env.update(dict.fromkeys(olds, new))
+        # an unnamed value keeps its placeholder; a named one, a tensor the graph holds as an
+        # attribute and an input it does not use get a new one
+        kept = None if given else next((n for n in olds if n.op == "placeholder"), None)
+        if kept is None:
+            with graph.inserting_before(next(iter(graph.nodes))):
+                kept = graph.placeholder(given or (olds[0].name if olds else f"arg{i}"))
+            kept.meta.update(olds[0].meta if olds else {})
+            if "val" not in kept.meta:
+                kept.meta["val"] = fake_mode.from_tensor(value, static_shapes=True)
+        order.append(kept)
+        env.update(dict.fromkeys(olds, kept))
+    for old, new in env.items():
+        if old is not new:
+            old.replace_all_uses_with(new)
+            graph.erase_node(old)
+    for node in reversed(order):  # each to the front in turn
+        first = next(iter(graph.nodes))
+        if first is not node:
+            first.prepend(node)
     return env
 
 
@@ -482,9 +494,8 @@ def _check_graph(gm: fx.GraphModule, *, static: bool) -> None:
             raise Unsupported(f"{node.target} has a data-dependent or symbolic shape{_where(node)}")
 
 
-def _simplify(gm: fx.GraphModule) -> None:
+def _simplify(graph: fx.Graph) -> None:
     """Drop data-free assertion nodes and fold identity ops."""
-    graph = gm.graph
     for node in reversed(graph.nodes):
         if node.target in _DATALESS and not node.users:
             graph.erase_node(node)
@@ -492,7 +503,6 @@ def _simplify(gm: fx.GraphModule) -> None:
             node.replace_all_uses_with(node.args[0])
             graph.erase_node(node)
     graph.lint()
-    gm.recompile()
 
 
 def _tensor_outputs_only(gm: fx.GraphModule, out_spec: pytree.TreeSpec) -> pytree.TreeSpec:
