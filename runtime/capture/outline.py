@@ -7,9 +7,14 @@ those blocks' forward as a nested compile region while the capture runs
 (`torch.compiler.nested_compile_region`): Dynamo then traces one block and emits an
 `invoke_subgraph` call per block, each with that block's weights as operands, and AOTAutograd
 traces the subgraph once too. The mark is a subclass swapped in as each block's `__class__`
-(one subclass per block class, whose `forward` is the marked one) and swapped back on exit,
+(one subclass per block class, whose `forward` calls the region) and swapped back on exit,
 errors included, so the user's model is left as it was. (A marked bound method set on each
 instance instead made Dynamo reuse the first block's weights for all of them.)
+
+For every later block Dynamo checks that the first block's trace still holds (the guards of its
+trace, re-evaluated on the block's own attributes) and stamps out a call; that check is cheap
+when the region's operands are positional tensors and constants, so the region takes the
+block's keyword arguments positionally too (`_positional_region`).
 
 `inline_subgraphs(gm)` expands the `invoke_subgraph` calls of a traced graph back into its
 body, node by node: a copy per call, without tracing again, so the rest of torchtosa sees one
