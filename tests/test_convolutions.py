@@ -109,6 +109,45 @@ def test_consecutive_convolutions_stay_nhwc() -> None:
     assert activation_transposes() == 2
 
 
+class _TfPadded(nn.Module):
+    """transformers' MobileNetV2 pads TensorFlow's way: F.pad before each 3x3 convolution
+    (symmetric for stride 1, bottom/right only for stride 2 on an even size), none in the conv."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.expand = nn.Sequential(nn.Conv2d(8, channels, 1), nn.BatchNorm2d(channels), nn.ReLU6())
+        self.depthwise = nn.Conv2d(channels, channels, 3, groups=channels)
+        self.down = nn.Conv2d(channels, channels, 3, stride=2, groups=channels)
+        self.norm = nn.BatchNorm2d(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = nn.functional.pad(self.expand(x), (1, 1, 1, 1))
+        y = torch.clamp(self.norm(self.depthwise(y)), 0.0, 6.0)
+        return self.down(nn.functional.pad(y, (0, 1, 0, 1)))
+
+
+def test_explicit_pads_stay_channels_last() -> None:
+    """An F.pad between two convolutions is sunk with the NHWC -> NCHW transpose (its amounts
+    permuted), which then cancels the next convolution's: only the input's and output's layout
+    transposes remain, the pads are written in place by the epilogues, and the result is eager's."""
+    model = _randomize_bn(_TfPadded(24)).eval()
+    x = torch.randn(2, 8, 14, 16)
+    module = torchtosa.to_tosa(model, x, target=None).module
+
+    def activation_transposes() -> int:
+        block = module.body.operations[0].regions[0].blocks[0]
+        shapes = [ir.RankedTensorType(op.results[0].type).shape for op in block.operations
+                  if op.operation.name == "tosa.transpose"]
+        return sum(1 for shape in shapes if shape[0] == 2 and math.prod(shape) > 2 * 24)  # not weights
+
+    before = activation_transposes()
+    with module.context:
+        sink_transposes(module)
+    module.operation.verify()
+    assert before == 6 and activation_transposes() == 2
+    _check(model, x)
+
+
 def test_depthwise_channel_tiles_are_whole_registers() -> None:
     assert [_lanes_divisor(n, 32) for n in (144, 96, 960, 24, 40, 7)] == [16, 32, 32, 24, 20, 7]
 

@@ -9,8 +9,11 @@ computing them in the layout before the transpose; their other operands are tran
 way, which is cheap only for small ones (a BatchNorm's per-channel [1, C, 1, 1] parameters:
 at most SMALL elements) or free for another transpose of the same permutation (a residual add).
 A transpose meeting its inverse then cancels, and consecutive layers stay NHWC, as Inductor's
-channels-last code does. Exact: the same elementwise ops on the same values, in another order
-in memory.
+channels-last code does. A constant padding (tosa.pad: the explicit `F.pad` of models that pad
+TensorFlow's way, such as transformers' MobileNetV2 before each 3x3 convolution) is sunk
+through as well, its amounts permuted: otherwise the activation went back to NCHW to be padded
+and to NHWC again, two copies of every depthwise convolution's input. Exact: the same
+elementwise ops (and pads) on the same values, in another order in memory.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ def sink_transposes(module: ir.Module) -> None:
                 perm = _sinkable(op.operation)
                 if perm is not None:
                     _sink(op.operation, perm)
+                elif _sinkable_pad(op.operation):
+                    _sink_pad(op.operation)
             for op in list(block.operations):
                 if op.operation.name == "tosa.transpose":
                     _cancel(op.operation)
@@ -80,6 +85,47 @@ def _sinkable(op: ir.Operation) -> list[int] | None:
         if _transpose_of(value) is None and math.prod(t.shape) > SMALL:
             return None
     return perms[0]
+
+
+def _padding(value: ir.Value) -> list[int] | None:
+    """The amounts of a tosa.pad's `!tosa.shape` operand if it is a tosa.const_shape."""
+    owner = value.owner if isinstance(value, ir.OpResult) else None
+    if owner is None or owner.name != "tosa.const_shape":
+        return None
+    return [int(v) for v in ir.DenseIntElementsAttr(owner.attributes["values"])]
+
+
+def _sinkable_pad(op: ir.Operation) -> bool:
+    """Whether `op` is a tosa.pad by constant amounts of a TO_NCHW transpose."""
+    if op.name != "tosa.pad" or _ranked(op.results[0]) is None:
+        return False
+    source = _transpose_of(op.operands[0])
+    return source is not None and _perm(source) == TO_NCHW and _padding(op.operands[1]) is not None
+
+
+def _sink_pad(op: ir.Operation) -> None:
+    """Pad the transpose's input instead (each dimension by the amounts of the one it becomes),
+    then transpose the padded tensor by TO_NCHW."""
+    source = _transpose_of(op.operands[0])
+    assert source is not None
+    amounts = _padding(op.operands[1])
+    assert amounts is not None
+    inverse = [TO_NCHW.index(i) for i in range(len(TO_NCHW))]
+    moved = [v for d in inverse for v in amounts[2 * d:2 * d + 2]]
+    result = ir.RankedTensorType(op.results[0].type)
+    with ir.InsertionPoint(op), op.location:
+        index = ir.IndexType.get()
+        values = ir.DenseElementsAttr.get([ir.IntegerAttr.get(index, v) for v in moved],
+                                          type=ir.RankedTensorType.get([len(moved)], index))
+        shape = ir.Operation.create("tosa.const_shape", results=[op.operands[1].type],
+                                    attributes={"values": values}).results[0]
+        padded = ir.Operation.create("tosa.pad", results=[ir.RankedTensorType.get([result.shape[d] for d in inverse],
+                                                                                   result.element_type)],
+                                     operands=[source.operands[0], shape, *list(op.operands)[2:]],
+                                     attributes={name: op.attributes[name] for name in op.attributes})
+        back = _transpose(padded.results[0], TO_NCHW)
+    op.results[0].replace_all_uses_with(back)
+    op.erase()
 
 
 def _transpose(value: ir.Value, perm: list[int]) -> ir.Value:
