@@ -145,6 +145,7 @@ def test_explicit_pads_stay_channels_last() -> None:
         sink_transposes(module)
     module.operation.verify()
     assert before == 6 and activation_transposes() == 2
+    assert "tensor.pad" not in _ops(model, x)
     _check(model, x)
 
 
