@@ -18,7 +18,7 @@ from torch import nn
 
 import torchtosa
 from torchtosa.lower.layout import sink_transposes
-from torchtosa.lower.schedule import _lanes_divisor
+from torchtosa.lower.schedule import _lanes_divisor, plans
 
 
 def _ops(fn: Any, *args: torch.Tensor, stop_before: str = "bufferize") -> list[str]:
@@ -147,6 +147,18 @@ def test_explicit_pads_stay_channels_last() -> None:
     assert before == 6 and activation_transposes() == 2
     assert "tensor.pad" not in _ops(model, x)
     _check(model, x)
+
+
+@pytest.mark.parametrize(("conv", "columns"), [(nn.Conv2d(40, 24, 1), 8), (nn.Conv2d(24, 144, 1), 16),
+                                               (nn.Conv2d(8, 48, 3, padding=1), 16)])
+def test_narrow_channel_counts_get_power_of_two_column_tiles(conv: nn.Module, columns: int) -> None:
+    """MobileNetV2's 24 and 144 channels: the register tile's columns (the matmul's of a 1x1
+    convolution, the output channels' of a dense one) are 8 or 16, not 24 or 48."""
+    x = torch.randn(2, conv.in_channels, 10, 9)
+    planned = [(op.name, tiling[0]) for op, tiling in plans(_linalg(conv.eval(), x, stop_before="schedule"))
+               if op.name in ("linalg.matmul", "linalg.conv_2d_nhwc_fhwc")]
+    assert planned and all(sizes[-4 if name.startswith("linalg.conv") else 1] == columns for name, sizes in planned)
+    _check(conv, x)
 
 
 def test_depthwise_channel_tiles_are_whole_registers() -> None:
