@@ -115,21 +115,22 @@ class _TfPadded(nn.Module):
 
     def __init__(self, channels: int) -> None:
         super().__init__()
-        self.expand = nn.Sequential(nn.Conv2d(8, channels, 1), nn.BatchNorm2d(channels), nn.ReLU6())
+        self.stem = nn.Sequential(nn.Conv2d(8, channels, 3, stride=2), nn.BatchNorm2d(channels), nn.ReLU6())
         self.depthwise = nn.Conv2d(channels, channels, 3, groups=channels)
         self.down = nn.Conv2d(channels, channels, 3, stride=2, groups=channels)
         self.norm = nn.BatchNorm2d(channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = nn.functional.pad(self.expand(x), (1, 1, 1, 1))
+        y = nn.functional.pad(self.stem(nn.functional.pad(x, (0, 1, 0, 1))), (1, 1, 1, 1))
         y = torch.clamp(self.norm(self.depthwise(y)), 0.0, 6.0)
         return self.down(nn.functional.pad(y, (0, 1, 0, 1)))
 
 
 def test_explicit_pads_stay_channels_last() -> None:
     """An F.pad between two convolutions is sunk with the NHWC -> NCHW transpose (its amounts
-    permuted), which then cancels the next convolution's: only the input's and output's layout
-    transposes remain, the pads are written in place by the epilogues, and the result is eager's."""
+    permuted), which then cancels the next convolution's; the input's pad moves after its
+    transpose to NHWC. Only the input's and output's layout transposes remain, the pads are
+    written in place by the epilogues and the input's transpose, and the result is eager's."""
     model = _randomize_bn(_TfPadded(24)).eval()
     x = torch.randn(2, 8, 14, 16)
     module = torchtosa.to_tosa(model, x, target=None).module
