@@ -17,6 +17,7 @@ from test_schedule import _ops as op_names
 from torch import nn
 
 import torchtosa
+from torchtosa.lower import partition
 from torchtosa.lower.layout import sink_transposes
 from torchtosa.lower.schedule import _lanes_divisor, plans
 
@@ -160,6 +161,22 @@ def test_narrow_channel_counts_get_power_of_two_column_tiles(conv: nn.Module, co
                if op.name in ("linalg.matmul", "linalg.conv_2d_nhwc_fhwc")]
     assert planned and all(sizes[-4 if name.startswith("linalg.conv") else 1] == columns for name, sizes in planned)
     _check(conv, x)
+
+
+def test_partition_boundaries_stay_channels_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Transposes are sunk before the function is partitioned, so the values crossing part
+    boundaries are NHWC: only the input's and the output's layout transposes remain."""
+    monkeypatch.setattr(partition, "PART_OPS", 20)
+    blocks = [m for _ in range(6) for m in (nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU6())]
+    model = _randomize_bn(nn.Sequential(*blocks)).eval()
+    x = torch.randn(2, 16, 10, 10)
+    module = _linalg(model, x, stop_before="tosa-to-linalg")
+    funcs = [op for op in module.body.operations if op.operation.name == "func.func"]
+    shapes = [ir.RankedTensorType(op.results[0].type).shape for f in funcs for op in f.regions[0].blocks[0].operations
+              if op.operation.name == "tosa.transpose"]
+    assert len(funcs) > 2
+    assert sum(1 for shape in shapes if shape[0] == 2 and math.prod(shape) > 2 * 16) == 2
+    _check(model, x)
 
 
 def test_depthwise_channel_tiles_are_whole_registers() -> None:
