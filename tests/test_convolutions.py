@@ -17,8 +17,9 @@ from test_schedule import _ops as op_names
 from torch import nn
 
 import torchtosa
+from torchtosa.lower import partition
 from torchtosa.lower.layout import sink_transposes
-from torchtosa.lower.schedule import _lanes_divisor
+from torchtosa.lower.schedule import _lanes_divisor, plans
 
 
 def _ops(fn: Any, *args: torch.Tensor, stop_before: str = "bufferize") -> list[str]:
@@ -107,6 +108,75 @@ def test_consecutive_convolutions_stay_nhwc() -> None:
         sink_transposes(module)
     module.operation.verify()
     assert activation_transposes() == 2
+
+
+class _TfPadded(nn.Module):
+    """transformers' MobileNetV2 pads TensorFlow's way: F.pad before each 3x3 convolution
+    (symmetric for stride 1, bottom/right only for stride 2 on an even size), none in the conv."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(8, channels, 3, stride=2), nn.BatchNorm2d(channels), nn.ReLU6())
+        self.depthwise = nn.Conv2d(channels, channels, 3, groups=channels)
+        self.down = nn.Conv2d(channels, channels, 3, stride=2, groups=channels)
+        self.norm = nn.BatchNorm2d(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = nn.functional.pad(self.stem(nn.functional.pad(x, (0, 1, 0, 1))), (1, 1, 1, 1))
+        y = torch.clamp(self.norm(self.depthwise(y)), 0.0, 6.0)
+        return self.down(nn.functional.pad(y, (0, 1, 0, 1)))
+
+
+def test_explicit_pads_stay_channels_last() -> None:
+    """An F.pad between two convolutions is sunk with the NHWC -> NCHW transpose (its amounts
+    permuted), which then cancels the next convolution's; the input's pad moves after its
+    transpose to NHWC. Only the input's and output's layout transposes remain, the pads are
+    written in place by the epilogues and the input's transpose, and the result is eager's."""
+    model = _randomize_bn(_TfPadded(24)).eval()
+    x = torch.randn(2, 8, 14, 16)
+    module = torchtosa.to_tosa(model, x, target=None).module
+
+    def activation_transposes() -> int:
+        block = module.body.operations[0].regions[0].blocks[0]
+        shapes = [ir.RankedTensorType(op.results[0].type).shape for op in block.operations
+                  if op.operation.name == "tosa.transpose"]
+        return sum(1 for shape in shapes if shape[0] == 2 and math.prod(shape) > 2 * 24)  # not weights
+
+    before = activation_transposes()
+    with module.context:
+        sink_transposes(module)
+    module.operation.verify()
+    assert before == 6 and activation_transposes() == 2
+    assert "tensor.pad" not in _ops(model, x)
+    _check(model, x)
+
+
+@pytest.mark.parametrize(("conv", "columns"), [(nn.Conv2d(40, 24, 1), 8), (nn.Conv2d(24, 144, 1), 16),
+                                               (nn.Conv2d(8, 48, 3, padding=1), 16)])
+def test_narrow_channel_counts_get_power_of_two_column_tiles(conv: nn.Module, columns: int) -> None:
+    """MobileNetV2's 24 and 144 channels: the register tile's columns (the matmul's of a 1x1
+    convolution, the output channels' of a dense one) are 8 or 16, not 24 or 48."""
+    x = torch.randn(2, conv.in_channels, 10, 9)
+    planned = [(op.name, tiling[0]) for op, tiling in plans(_linalg(conv.eval(), x, stop_before="schedule"))
+               if op.name in ("linalg.matmul", "linalg.conv_2d_nhwc_fhwc")]
+    assert planned and all(sizes[-4 if name.startswith("linalg.conv") else 1] == columns for name, sizes in planned)
+    _check(conv, x)
+
+
+def test_partition_boundaries_stay_channels_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Transposes are sunk before the function is partitioned, so the values crossing part
+    boundaries are NHWC: only the input's and the output's layout transposes remain."""
+    monkeypatch.setattr(partition, "PART_OPS", 20)
+    blocks = [m for _ in range(6) for m in (nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU6())]
+    model = _randomize_bn(nn.Sequential(*blocks)).eval()
+    x = torch.randn(2, 16, 10, 10)
+    module = _linalg(model, x, stop_before="tosa-to-linalg")
+    funcs = [op for op in module.body.operations if op.operation.name == "func.func"]
+    shapes = [ir.RankedTensorType(op.results[0].type).shape for f in funcs for op in f.regions[0].blocks[0].operations
+              if op.operation.name == "tosa.transpose"]
+    assert len(funcs) > 2
+    assert sum(1 for shape in shapes if shape[0] == 2 and math.prod(shape) > 2 * 16) == 2
+    _check(model, x)
 
 
 def test_depthwise_channel_tiles_are_whole_registers() -> None:

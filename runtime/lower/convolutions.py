@@ -114,12 +114,29 @@ def _depthwise_hwc(op: ir.Operation) -> None:
     op.erase()
 
 
+def _static_low(op: ir.Operation) -> list[int] | None:
+    """tensor.pad `op`'s low padding amounts if all are static or arith.constant operands (as
+    tosa-to-tensor makes them; canonicalize folds them into the op only where dropping unit
+    dimensions rebuilds it, i.e. for batch 1), else None."""
+    dynamic = iter(list(op.operands)[1:])  # low's dynamic amounts, then high's
+    low = []
+    for amount in ir.DenseI64ArrayAttr(op.attributes["static_low"]):
+        if amount == ir.ShapedType.get_dynamic_size():
+            value = next(dynamic, None)
+            owner = value.owner if isinstance(value, ir.OpResult) else None
+            if owner is None or owner.name != "arith.constant":
+                return None
+            amount = ir.IntegerAttr(owner.attributes["value"]).value
+        low.append(amount)
+    return low
+
+
 def _constant_pad(op: ir.Operation) -> ir.Value | None:
     """The padding value of a static tensor.pad of floats or integers of 8 bits or more (a max
     pooling's i8 mask too; no i1 buffers) by a value defined outside it, else None."""
     types = [ir.RankedTensorType(t) for t in (op.operands[0].type, op.results[0].type)]
-    if len(list(op.operands)) != 1 or not all(t.has_static_shape and _byte_element(t.element_type) for t in types):
-        return None  # dynamic low/high operands
+    if _static_low(op) is None or not all(t.has_static_shape and _byte_element(t.element_type) for t in types):
+        return None
     block = op.regions[0].blocks[0]
     value = list(block.operations)[-1].operands[0]
     if isinstance(value, ir.BlockArgument) or value.owner.parent == op:
@@ -162,7 +179,8 @@ def _pad_in_place(op: ir.Operation, producer: ir.Operation, groups: list[list[in
     result, collapsed by `groups` if given, is the pad's input) computes in place."""
     value = _constant_pad(op)
     shape = ir.RankedTensorType(op.operands[0].type).shape
-    low = list(ir.DenseI64ArrayAttr(op.attributes["static_low"]))
+    low = _static_low(op)
+    assert low is not None
     padded = ir.RankedTensorType(op.results[0].type)
     with ir.InsertionPoint(producer), op.location:
         filled = linalg.fill(value, outs=[tensor.EmptyOp(padded.shape, padded.element_type).result])

@@ -9,8 +9,13 @@ computing them in the layout before the transpose; their other operands are tran
 way, which is cheap only for small ones (a BatchNorm's per-channel [1, C, 1, 1] parameters:
 at most SMALL elements) or free for another transpose of the same permutation (a residual add).
 A transpose meeting its inverse then cancels, and consecutive layers stay NHWC, as Inductor's
-channels-last code does. Exact: the same elementwise ops on the same values, in another order
-in memory.
+channels-last code does. A constant padding (tosa.pad: the explicit `F.pad` of models that pad
+TensorFlow's way, such as transformers' MobileNetV2 before each 3x3 convolution) is sunk
+through as well, its amounts permuted: otherwise the activation went back to NCHW to be padded
+and to NHWC again, two copies of every depthwise convolution's input. A pad whose only user is
+a transpose (the network's input, padded before the first convolution) is moved after it, so
+that the transpose writes the padded buffer in place. Exact: the same
+elementwise ops (and pads) on the same values, in another order in memory.
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ def sink_transposes(module: ir.Module) -> None:
                 perm = _sinkable(op.operation)
                 if perm is not None:
                     _sink(op.operation, perm)
+                elif _sinkable_pad(op.operation):
+                    _sink_pad(op.operation)
+                elif (user := _hoistable_pad(op.operation)) is not None:
+                    _hoist_pad(op.operation, user)
             for op in list(block.operations):
                 if op.operation.name == "tosa.transpose":
                     _cancel(op.operation)
@@ -80,6 +89,73 @@ def _sinkable(op: ir.Operation) -> list[int] | None:
         if _transpose_of(value) is None and math.prod(t.shape) > SMALL:
             return None
     return perms[0]
+
+
+def _padding(value: ir.Value) -> list[int] | None:
+    """The amounts of a tosa.pad's `!tosa.shape` operand if it is a tosa.const_shape."""
+    owner = value.owner if isinstance(value, ir.OpResult) else None
+    if owner is None or owner.name != "tosa.const_shape":
+        return None
+    return [int(v) for v in ir.DenseIntElementsAttr(owner.attributes["values"])]
+
+
+def _sinkable_pad(op: ir.Operation) -> bool:
+    """Whether `op` is a tosa.pad by constant amounts of a TO_NCHW transpose."""
+    if op.name != "tosa.pad" or _ranked(op.results[0]) is None:
+        return False
+    source = _transpose_of(op.operands[0])
+    return source is not None and _perm(source) == TO_NCHW and _padding(op.operands[1]) is not None
+
+
+def _sink_pad(op: ir.Operation) -> None:
+    """Pad the transpose's input instead (each dimension by the amounts of the one it becomes),
+    then transpose the padded tensor by TO_NCHW."""
+    source = _transpose_of(op.operands[0])
+    assert source is not None
+    inverse = [TO_NCHW.index(i) for i in range(len(TO_NCHW))]
+    with ir.InsertionPoint(op), op.location:
+        back = _transpose(_pad(op, source.operands[0], inverse), TO_NCHW)
+    op.results[0].replace_all_uses_with(back)
+    op.erase()
+
+
+def _hoistable_pad(op: ir.Operation) -> ir.Operation | None:
+    """The transpose using tosa.pad `op` (by constant amounts) if it is its only user: the
+    network's input, padded in NCHW by a TF-padding model, before its transpose to NHWC."""
+    if op.name != "tosa.pad" or _ranked(op.results[0]) is None or _padding(op.operands[1]) is None:
+        return None
+    uses = list(op.results[0].uses)
+    if len(uses) != 1 or uses[0].owner.name != "tosa.transpose":
+        return None
+    return uses[0].owner.operation
+
+
+def _hoist_pad(op: ir.Operation, user: ir.Operation) -> None:
+    """Transpose the pad's input, then pad that: the transpose (a linalg op after tosa-to-linalg)
+    then writes the padded buffer's interior in place (`convolutions.pads_in_place`), where the
+    pad of a function argument was a copy."""
+    with ir.InsertionPoint(user), user.location:
+        padded = _pad(op, _transpose(op.operands[0], _perm(user)), _perm(user))
+    user.results[0].replace_all_uses_with(padded)
+    user.erase()
+    op.erase()
+
+
+def _pad(op: ir.Operation, value: ir.Value, dims: list[int]) -> ir.Value:
+    """tosa.pad `op` applied to `value`, whose dimension i is dimension dims[i] of op's input."""
+    amounts = _padding(op.operands[1])
+    assert amounts is not None
+    moved = [v for d in dims for v in amounts[2 * d:2 * d + 2]]
+    t, element = ir.RankedTensorType(value.type), ir.RankedTensorType(op.results[0].type).element_type
+    index = ir.IndexType.get()
+    values = ir.DenseElementsAttr.get([ir.IntegerAttr.get(index, v) for v in moved],
+                                      type=ir.RankedTensorType.get([len(moved)], index))
+    shape = ir.Operation.create("tosa.const_shape", results=[op.operands[1].type],
+                                attributes={"values": values}).results[0]
+    padded = [n + moved[2 * i] + moved[2 * i + 1] for i, n in enumerate(t.shape)]
+    return ir.Operation.create("tosa.pad", results=[ir.RankedTensorType.get(padded, element)],
+                               operands=[value, shape, *list(op.operands)[2:]],
+                               attributes={name: op.attributes[name] for name in op.attributes}).results[0]
 
 
 def _transpose(value: ir.Value, perm: list[int]) -> ir.Value:

@@ -152,6 +152,7 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
 
     if opt != "none":
         progress.stage("partition")
+        sink_transposes(module)  # consecutive convolutions stay NHWC, across part boundaries too
         partition(module)
         done("partition")
     for stage, pipeline in PIPELINES.items():
@@ -171,7 +172,6 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
             continue
         if stage == "tosa-to-linalg":
             if opt != "none":
-                sink_transposes(module)  # consecutive convolutions stay NHWC
                 separate_zero_points(module)
                 fast_int8_contractions(module)
             _exact_float_arith(module)
