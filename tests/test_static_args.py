@@ -80,3 +80,36 @@ def test_parts_use_no_descriptor_fields(rewrite: bool, monkeypatch: pytest.Monke
     with torch.no_grad():
         torch.testing.assert_close(torchtosa.compile(model, x)(x), model(x), rtol=1e-5, atol=1e-5)
     api.CACHE.clear()
+
+
+def _lowered(program: torchtosa.Program) -> ir.Module:
+    module = _prepare(program.module, "forward", tuple(program.inputs), tuple(program.outputs))
+    pipeline.lower(module, "default")
+    return module
+
+
+def _passthrough(op: ir.Operation) -> list[str]:
+    return [ir.StringAttr(a).value for a in ir.ArrayAttr(op.attributes["passthrough"])] \
+        if "passthrough" in op.attributes else []
+
+
+@pytest.mark.parametrize("partitioned", [True, False])
+def test_glue_is_compiled_without_optimization(partitioned: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C-interface wrapper of a partitioned function, which only unpacks descriptors and calls
+    the parts, is optnone (the function itself internal and always inlined into it); an
+    unpartitioned function's wrapper holds the model's loops and keeps -O3. Both compute what
+    eager does."""
+    if partitioned:
+        monkeypatch.setattr(partition, "PART_OPS", 8)
+    model, x = _residual_mlp(), torch.randn(6, 24)
+    module = _lowered(torchtosa.to_tosa(model, x, target=None))  # owns the ops below
+    functions = {ir.StringAttr(op.attributes["sym_name"]).value: op for op in module.body.operations
+                 if op.operation.name == "llvm.func"}
+    assert str(functions["forward"].attributes["linkage"]) == "#llvm.linkage<internal>"
+    assert "alwaysinline" in _passthrough(functions["forward"])
+    assert any("__part" in name for name in functions) == partitioned
+    assert ("optnone" in _passthrough(functions["_mlir_ciface_forward"])) == partitioned
+    api.CACHE.clear()
+    with torch.no_grad():
+        torch.testing.assert_close(torchtosa.compile(model, x)(x), model(x), rtol=1e-5, atol=1e-5)
+    api.CACHE.clear()

@@ -306,6 +306,9 @@ def _prepare(
         # memref descriptor spread into scalars: LLVM's instruction selection takes time
         # quadratic in a call's arguments (5.6 s for the ~1000 of BERT's 12 layers of weights).
         func.attributes["passthrough"] = ir.ArrayAttr.get([ir.StringAttr.get("alwaysinline")])
+        # Internal, so once inlined it is gone: the JIT would otherwise also compile it on its
+        # own and a packed `_mlir_<name>` wrapper of it, each a copy of its body.
+        func.attributes["llvm.linkage"] = ir.Attribute.parse("#llvm.linkage<internal>")
         # Inputs are read-only: never bufferize in place into a caller's tensor
         # (tosa.scatter would otherwise write into its values_in argument).
         old = ir.ArrayAttr(func.attributes["arg_attrs"]) if "arg_attrs" in func.attributes else None

@@ -174,16 +174,15 @@ def _outline(function: ir.Operation, ops: list[ir.Operation], name: str) -> func
     called in their place, and return it. Constants stay (cloned into @name where used)."""
     ops = [op for op in ops if op.name not in _CONSTANTS]
     inside = set(ops)
-    inputs: list[ir.Value] = []
-    constants: list[ir.Operation] = []
+    inputs: dict[ir.Value, None] = {}  # dicts as ordered sets
+    constants: dict[ir.Operation, None] = {}
     for op in ops:
         for value in _free_operands(op):
             owner = value.owner if isinstance(value, ir.OpResult) else None
             if owner is not None and owner.name in _CONSTANTS:
-                if owner.operation not in constants:
-                    constants.append(owner.operation)
-            elif (owner is None or owner.operation not in inside) and value not in inputs:
-                inputs.append(value)
+                constants[owner.operation] = None
+            elif owner is None or owner.operation not in inside:
+                inputs[value] = None
     outputs = [r for op in ops for r in op.results
                if any(top_level(use.owner, function) not in inside for use in r.uses)]
     if not outputs:
@@ -192,7 +191,7 @@ def _outline(function: ir.Operation, ops: list[ir.Operation], name: str) -> func
                          ip=ir.InsertionPoint(function))
     entry = callee.add_entry_block()
     with ir.InsertionPoint(ops[0]):
-        call = func.CallOp([v.type for v in outputs], ir.FlatSymbolRefAttr.get(name), inputs)
+        call = func.CallOp([v.type for v in outputs], ir.FlatSymbolRefAttr.get(name), list(inputs))
     for value, result in zip(outputs, call.results, strict=True):
         for use in list(value.uses):
             if top_level(use.owner, function) not in inside:

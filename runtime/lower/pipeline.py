@@ -40,7 +40,7 @@ from .irutil import find_ops, is_sub_byte, run_passes, top_level
 from .layout import sink_transposes
 from .partition import partition
 from .schedule import schedule
-from .static_args import constant_fields, private_arg_types
+from .static_args import constant_fields, private_arg_types, unoptimized_glue
 from .zero_points import separate_zero_points
 
 PIPELINES: dict[str, str] = {
@@ -199,6 +199,7 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
             raise CompileError(f"stage {stage!r} failed: {e}") from e
         if private:
             constant_fields(module, private)
+            unoptimized_glue(module)
         done(stage)
     _verify(module, "the lowered module")
     return scratch
