@@ -19,6 +19,7 @@ from torch import nn
 import torchtosa
 from torchtosa.execute import toolchain
 from torchtosa.execute.library import Library
+from torchtosa.lower import partition
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -148,6 +149,21 @@ def test_opt_levels(tmp_path: Path, opt: str) -> None:
         expected = model(x)
     (got,) = run(lib, x, scratch=True)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_partitioned_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model cut into parts (its C wrapper then glue compiled without optimization, its layer
+    parts one function) matches eager as a library too."""
+    monkeypatch.setattr(partition, "PART_OPS", 8)
+    model = nn.Sequential(*(nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.LayerNorm(32)) for _ in range(4))).eval()
+    x = torch.randn(8, 32)
+    lib = torchtosa.export_library(model, x, path=tmp_path / "parts.so")
+    with torch.no_grad():
+        expected = model(x)
+    (got,) = run(lib, x, scratch=True)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    symbols = toolchain.run([toolchain.llvm_tool("llvm-nm"), str(lib.path)])
+    assert "forward__part" in symbols, symbols  # it was cut into parts
 
 
 _LIBRARY_THEN_JIT = """
