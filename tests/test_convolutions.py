@@ -97,17 +97,20 @@ def test_consecutive_convolutions_stay_nhwc() -> None:
     model = nn.Sequential(nn.Conv2d(8, 16, 1), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1),
                           nn.ReLU6(), nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.ReLU()).eval()
     module = torchtosa.to_tosa(model, torch.randn(1, 8, 12, 12), target=None).module
-
-    def activation_transposes() -> int:  # of [1, ...] tensors above 16 elements: not weights or BN parameters
-        shapes = [ir.RankedTensorType(op.results[0].type).shape for op in module.body.operations[0].regions[0].blocks[0]
-                  .operations if op.operation.name == "tosa.transpose"]
-        return sum(1 for shape in shapes if shape[0] == 1 and math.prod(shape) > 16)
-
-    assert activation_transposes() == 6  # in and out of each of the three convolutions
+    assert _activation_transposes(module, 1, 16) == 6  # in and out of each of the three convolutions
     with module.context:
         sink_transposes(module)
     module.operation.verify()
-    assert activation_transposes() == 2
+    assert _activation_transposes(module, 1, 16) == 2
+
+
+def _activation_transposes(module: ir.Module, batch: int, channels: int) -> int:
+    """The tosa.transposes in `module`'s functions of [batch, ...] tensors of more than batch x
+    channels elements: of activations, not of weights or BatchNorm parameters."""
+    shapes = [ir.RankedTensorType(op.results[0].type).shape for f in module.body.operations
+              if f.operation.name == "func.func" for op in f.regions[0].blocks[0].operations
+              if op.operation.name == "tosa.transpose"]
+    return sum(1 for shape in shapes if shape[0] == batch and math.prod(shape) > batch * channels)
 
 
 class _TfPadded(nn.Module):
@@ -135,18 +138,11 @@ def test_explicit_pads_stay_channels_last() -> None:
     model = _randomize_bn(_TfPadded(24)).eval()
     x = torch.randn(2, 8, 14, 16)
     module = torchtosa.to_tosa(model, x, target=None).module
-
-    def activation_transposes() -> int:
-        block = module.body.operations[0].regions[0].blocks[0]
-        shapes = [ir.RankedTensorType(op.results[0].type).shape for op in block.operations
-                  if op.operation.name == "tosa.transpose"]
-        return sum(1 for shape in shapes if shape[0] == 2 and math.prod(shape) > 2 * 24)  # not weights
-
-    before = activation_transposes()
+    before = _activation_transposes(module, 2, 24)
     with module.context:
         sink_transposes(module)
     module.operation.verify()
-    assert before == 6 and activation_transposes() == 2
+    assert before == 6 and _activation_transposes(module, 2, 24) == 2
     assert "tensor.pad" not in _ops(model, x)
     _check(model, x)
 
@@ -171,11 +167,8 @@ def test_partition_boundaries_stay_channels_last(monkeypatch: pytest.MonkeyPatch
     model = _randomize_bn(nn.Sequential(*blocks)).eval()
     x = torch.randn(2, 16, 10, 10)
     module = _linalg(model, x, stop_before="tosa-to-linalg")
-    funcs = [op for op in module.body.operations if op.operation.name == "func.func"]
-    shapes = [ir.RankedTensorType(op.results[0].type).shape for f in funcs for op in f.regions[0].blocks[0].operations
-              if op.operation.name == "tosa.transpose"]
-    assert len(funcs) > 2
-    assert sum(1 for shape in shapes if shape[0] == 2 and math.prod(shape) > 2 * 16) == 2
+    assert sum(1 for op in module.body.operations if op.operation.name == "func.func") > 2
+    assert _activation_transposes(module, 2, 16) == 2
     _check(model, x)
 
 

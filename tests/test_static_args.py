@@ -43,6 +43,12 @@ def _residual_mlp() -> nn.Module:
     return ResidualMLP().eval()
 
 
+def _lowered(program: torchtosa.Program) -> ir.Module:
+    module = _prepare(program.module, "forward", tuple(program.inputs), tuple(program.outputs))
+    pipeline.lower(module, "default")
+    return module
+
+
 @pytest.mark.parametrize("rewrite", [True, False])
 def test_parts_use_no_descriptor_fields(rewrite: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """After lowering, every private part is internal and uses none of its static memrefs' offset,
@@ -60,8 +66,7 @@ def test_parts_use_no_descriptor_fields(rewrite: bool, monkeypatch: pytest.Monke
             constant_fields(module, private)
 
     monkeypatch.setattr(pipeline, "constant_fields", record)
-    module = _prepare(program.module, "forward", tuple(program.inputs), tuple(program.outputs))
-    pipeline.lower(module, "default")
+    module = _lowered(program)
     assert len(types) >= 3
     parts = {ir.StringAttr(op.attributes["sym_name"]).value: op for op in module.body.operations
              if op.operation.name == "llvm.func" and "__part" in str(op.attributes["sym_name"])}
@@ -80,12 +85,6 @@ def test_parts_use_no_descriptor_fields(rewrite: bool, monkeypatch: pytest.Monke
     with torch.no_grad():
         torch.testing.assert_close(torchtosa.compile(model, x)(x), model(x), rtol=1e-5, atol=1e-5)
     api.CACHE.clear()
-
-
-def _lowered(program: torchtosa.Program) -> ir.Module:
-    module = _prepare(program.module, "forward", tuple(program.inputs), tuple(program.outputs))
-    pipeline.lower(module, "default")
-    return module
 
 
 def _passthrough(op: ir.Operation) -> list[str]:

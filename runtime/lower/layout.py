@@ -112,9 +112,8 @@ def _sink_pad(op: ir.Operation) -> None:
     then transpose the padded tensor by TO_NCHW."""
     source = _transpose_of(op.operands[0])
     assert source is not None
-    inverse = [TO_NCHW.index(i) for i in range(len(TO_NCHW))]
     with ir.InsertionPoint(op), op.location:
-        back = _transpose(_pad(op, source.operands[0], inverse), TO_NCHW)
+        back = _transpose(_pad(op, source.operands[0], _inverse(TO_NCHW)), TO_NCHW)
     op.results[0].replace_all_uses_with(back)
     op.erase()
 
@@ -158,6 +157,11 @@ def _pad(op: ir.Operation, value: ir.Value, dims: list[int]) -> ir.Value:
                                attributes={name: op.attributes[name] for name in op.attributes}).results[0]
 
 
+def _inverse(perm: list[int]) -> list[int]:
+    """The permutation that undoes `perm`."""
+    return [perm.index(i) for i in range(len(perm))]
+
+
 def _transpose(value: ir.Value, perm: list[int]) -> ir.Value:
     t = ir.RankedTensorType(value.type)
     shape = [t.shape[p] for p in perm]
@@ -168,7 +172,7 @@ def _transpose(value: ir.Value, perm: list[int]) -> ir.Value:
 def _sink(op: ir.Operation, perm: list[int]) -> None:
     """Compute `op` on the transposes' inputs (its small operands transposed back), then transpose
     its result by `perm`."""
-    inverse = [perm.index(i) for i in range(len(perm))]
+    inverse = _inverse(perm)
     count = _OPERANDS.get(op.name, len(op.operands))
     with ir.InsertionPoint(op), op.location:
         operands = []
