@@ -12,7 +12,8 @@ from pathlib import Path
 
 from torchtosa.importer.registry import ROOT, generator_inputs, source_hash
 
-from .render import render_catalogue, render_family, render_registry
+from .cpus import load_cpus
+from .render import render_catalogue, render_cpus, render_family, render_registry
 from .source import SpecError
 from .spec import load_eager, load_specs
 from .table import readme_with_table
@@ -29,6 +30,7 @@ def outputs() -> dict[Path, str]:
     for family in families:
         mine = [e for e in entries if e.family == family]
         files[OUT / f"{family}.py"] = render_family(mine, f"opdefs/{family}.yaml")
+    files[OUT / "cpus.py"] = render_cpus(load_cpus(ROOT / "opdefs" / "cpus.yaml"), "opdefs/cpus.yaml")
     eager = load_eager(ROOT / "opdefs" / "eager.yaml", entries)
     files[OUT / "registry.py"] = render_registry(entries, eager, source_hash(generator_inputs()))
     readme = ROOT / "README.md"

@@ -216,6 +216,7 @@ OPDEF_KEYS = {
     "samples": "list of argument mappings for tests",
     "sample_dtypes": "dtypes that replace 'T' in sample tensors (default [f32])",
     "tolerance": "{rtol, atol} for the numeric tests",
+    "oracle": "what f16/bf16 results are checked against: eager (default) or exact (the op on f64, rounded once)",
     "sorted": "tensor arguments torch requires sorted along their last dim: tests sort their data",
     "static": "why the lowering needs static sizes: a reason (every argument), or {argument: reason}",
     "match": "torchtosa ops only: the node groups this op replaces (list of {root, nodes, set})",
@@ -296,6 +297,7 @@ class OpDef:
     lines: list[Line]
     samples: list[Sample] = field(default_factory=list)
     tolerance: dict[str, float] | None = None
+    oracle: str = "eager"  # f16/bf16 results against eager, or "exact": the op on f64 rounded once
     sorted: list[str] = field(default_factory=list)  # tensor arguments whose test data is sorted
     # arguments whose sizes must be static, each with the reason; ("*", reason) for every argument
     static: list[tuple[str, str]] = field(default_factory=list)
@@ -599,6 +601,15 @@ def _static_args(value: Any, args: list[Arg], at: Located) -> list[tuple[str, st
     return out
 
 
+ORACLES = ("eager", "exact")
+
+
+def _oracle(value: Any, at: Located) -> str:
+    if value not in ORACLES:
+        raise _where(value, at).error(f"oracle {value!r}: one of {', '.join(ORACLES)}")
+    return str(value)
+
+
 def _tolerance(value: Any, at: Located) -> dict[str, float] | None:
     """{rtol, atol} as floats (YAML reads 1e-4 as a string: accept it)."""
     if value is None:
@@ -715,6 +726,7 @@ def load_entry(name: Located, entry: Any, family: str, catalogue: dict[str, Tosa
         op=str(name), where=name.where, family=family, schema=schema, doc=str(entry.get("doc", "")),
         registry=_identifier(entry.get("registry", "tosa"), "registry", name), args=args, lets=lets, requires=requires,
         limits=limits, results=results, lines=lines, tolerance=_tolerance(entry.get("tolerance"), name),
+        oracle=_oracle(entry.get("oracle", "eager"), name),
         sorted=_sorted_args(entry.get("sorted", []), args, name),
         static=_static_args(entry.get("static"), args, name),
         patterns=_load_patterns(entry["match"], name, args) if "match" in entry else [])
@@ -761,7 +773,7 @@ class EagerReason:
     where: str
 
 
-TABLES = ("tosa.yaml", "eager.yaml")  # files of opdefs/ that are not families of entries
+TABLES = ("tosa.yaml", "eager.yaml", "cpus.yaml")  # files of opdefs/ that are not families of entries
 
 
 def load_eager(path: Path, entries: list[OpDef]) -> list[EagerReason]:

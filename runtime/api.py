@@ -28,6 +28,7 @@ from .capture.trace import (
     mha_fastpath_disabled,
     translated_dynamo_errors,
 )
+from .cpu import Cpu, runnable, select
 from .errors import InputMismatch, NotConformant, TorchTosaError, Unsupported
 from .execute.native import NativeFunction
 from .importer.graph import Program, import_graph
@@ -74,22 +75,22 @@ class _Cache:
         self.entries: dict[tuple[Any, ...], tuple[Program, GraphFunction]] = {}
         self.compiles = 0  # native functions built (a cache miss each)
 
-    def get(self, gm: torch.fx.GraphModule, opt: str) -> tuple[Program, GraphFunction]:
+    def get(self, gm: torch.fx.GraphModule, opt: str, cpu: Cpu) -> tuple[Program, GraphFunction]:
         ops = sum(n.op == "call_function" for n in gm.graph.nodes)
         with progress.reporting(f"a graph of {ops} ops"):
-            return self._get(gm, opt)
+            return self._get(gm, opt, cpu)
 
-    def _get(self, gm: torch.fx.GraphModule, opt: str) -> tuple[Program, GraphFunction]:
+    def _get(self, gm: torch.fx.GraphModule, opt: str, cpu: Cpu) -> tuple[Program, GraphFunction]:
         progress.stage("import to TOSA")
         program = import_graph(gm)
         key = (str(program.module), tuple(program.inputs), tuple(program.outputs), tuple(program.arguments),
-               tuple(program.ranges.items()), tuple(program.scalars.items()), tuple(program.sizes), opt)
+               tuple(program.ranges.items()), tuple(program.scalars.items()), tuple(program.sizes), opt, cpu.name)
         with self.lock:
             hit = self.entries.get(key)
         if hit is not None:
             return hit
         native = NativeFunction(program.module, program.inputs, program.outputs, opt=opt, ranges=program.ranges,
-                                scalars=program.scalars)
+                                scalars=program.scalars, cpu=cpu)
         self.compiles += 1
         run = GraphFunction(native, program, len(gm.graph.find_nodes(op="placeholder")))
         with self.lock:
@@ -190,11 +191,12 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options,
     shape_env = shape_env_of(n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder"))
     before = len(shape_env.guards) if shape_env is not None else 0
     sources = Guarded.sources_of(gm)  # before lowering: a guard may replace a symbol by its value
+    cpu = runnable(select(options.cpu))
     if options.fallback == "error":
-        program, runner = CACHE.get(gm, options.opt)
+        program, runner = CACHE.get(gm, options.opt, cpu)
         explanation = all_native(gm, program)
     else:
-        runner, explanation = split(gm, lambda g: CACHE.get(g, options.opt), options.min_region_ops)
+        runner, explanation = split(gm, lambda g: CACHE.get(g, options.opt, cpu), options.min_region_ops)
         warn_fallbacks(explanation)
     if shape_env is not None and len(shape_env.guards) > before:
         otherwise = _Specializing(gm, options) if respecialize else None
@@ -260,9 +262,9 @@ class CompiledFunction:
 
     def __init__(self, fn: Callable | torch.nn.Module | torch.export.ExportedProgram, opt: str = "default",
                  fallback: str = "eager", min_region_ops: int = MIN_REGION_OPS, dynamic: bool | None = None,
-                 outline: bool = True):
+                 outline: bool = True, cpu: str | None = None):
         self.fn = fn
-        self.options = Options(opt, fallback, min_region_ops, outline)
+        self.options = Options(opt, fallback, min_region_ops, outline, cpu)
         self.dynamic = dynamic
         self.lock = threading.Lock()
         self.compiled: dict[Signature, _Captured | _Eager | None] = {}  # None: runs through self._dynamo
@@ -451,7 +453,8 @@ def _check_call(fn: Callable | torch.nn.Module, args: tuple, kwargs: dict) -> No
 
 def compile(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args: Any,
             opt: str = "default", fallback: str = "eager", min_region_ops: int = MIN_REGION_OPS,
-            dynamic: bool | None = None, outline: bool = True, **kwargs: Any) -> CompiledFunction:
+            dynamic: bool | None = None, outline: bool = True, cpu: str | None = None,
+            **kwargs: Any) -> CompiledFunction:
     """Compile to native code through TOSA. With example inputs, compiles now; else on the first call.
 
     `dynamic` chooses what a new input size costs, as in torch.compile: None (the default)
@@ -471,8 +474,11 @@ def compile(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
     `outline=True` traces a module's repeated layers (the blocks of a transformer: children of
     one ModuleList with the same type and state shapes) once each, so capture time stays nearly
     flat in depth; False traces every layer (the fallback whenever TorchDynamo refuses that).
+    `cpu` names the entry of the CPU table (opdefs/cpus.yaml) whose schedule and instructions the
+    code uses: by default $TORCHTOSA_CPU, else this machine's (`torchtosa.cpu.host()`); another
+    entry must be one this machine runs ("x86-64-v3" on an AVX-512 host: what an AVX2 host gets).
     """
-    compiled = CompiledFunction(fn, opt, fallback, min_region_ops, dynamic, outline)
+    compiled = CompiledFunction(fn, opt, fallback, min_region_ops, dynamic, outline, cpu)
     if args or kwargs or isinstance(fn, torch.export.ExportedProgram):
         compiled.prepare(*args, **kwargs)
     return compiled
@@ -558,5 +564,5 @@ torchtosa_backend.__doc__ = """The torch.compile backend: `torch.compile(model, 
 
 Options: `torch.compile(model, backend="torchtosa", options={"opt": "parallel", "fallback": "error"})`
 picks the lowering ("default", "parallel" or "none") and what happens to ops TOSA can't lower
-("eager", the default, or "error"); also "min_region_ops". See `torchtosa.compile`.
+("eager", the default, or "error"); also "min_region_ops" and "cpu". See `torchtosa.compile`.
 """

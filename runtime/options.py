@@ -1,4 +1,4 @@
-"""The choices a compile takes: optimization level, what to do with ops TOSA can't run."""
+"""The choices a compile takes: optimization level, target CPU, what to do with ops TOSA can't run."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from .cpu import select
 from .lower.pipeline import check_opt
 
 FALLBACKS = ("eager", "error")
@@ -23,15 +24,19 @@ class Options:
     "error" raises `Unsupported` instead. `min_region_ops`: the smallest native region
     worth its call, in a graph that has eager ops. `outline`: trace a module's repeated layers
     (a transformer's blocks) once each while capturing (outline.py); a torch.compile graph
-    arrives traced, so the backend ignores it."""
+    arrives traced, so the backend ignores it. `cpu`: the entry of the CPU table (opdefs/cpus.yaml)
+    to compile for, by default $TORCHTOSA_CPU or the host's; native code must run on this machine."""
 
     opt: str = "default"
     fallback: str = "eager"
     min_region_ops: int = MIN_REGION_OPS
     outline: bool = True
+    cpu: str | None = None
 
     def __post_init__(self) -> None:
         check_opt(self.opt)
+        if self.cpu is not None:
+            select(self.cpu)  # ValueError naming the table's entries
         if self.fallback not in FALLBACKS:
             raise ValueError(f"unknown fallback {self.fallback!r}; choose one of {', '.join(map(repr, FALLBACKS))}")
         if not isinstance(self.min_region_ops, int) or self.min_region_ops < 1:

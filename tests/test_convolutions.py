@@ -173,7 +173,8 @@ def test_partition_boundaries_stay_channels_last(monkeypatch: pytest.MonkeyPatch
 
 
 def test_depthwise_channel_tiles_are_whole_registers() -> None:
-    assert [_lanes_divisor(n, 32) for n in (144, 96, 960, 24, 40, 7)] == [16, 32, 32, 24, 20, 7]
+    assert [_lanes_divisor(n, 32, 16) for n in (144, 96, 960, 24, 40, 7)] == [16, 32, 32, 24, 20, 7]
+    assert [_lanes_divisor(n, 16, 8) for n in (144, 96, 960, 24, 40, 7)] == [16, 16, 16, 8, 8, 7]
 
 
 def test_max_pooling_is_channels_last_with_its_pads_in_place() -> None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 from mlir import ir
 
+from torchtosa.cpu import select
 from torchtosa.execute.native import NativeFunction, TensorSpec
 from torchtosa.lower import vnni
 from torchtosa.lower.float_int8 import EXACT_TERMS, fast_int8_contractions
@@ -58,7 +59,7 @@ def rewritten(src: str) -> str:
     with ir.Context():
         module = ir.Module.parse(src)
         separate_zero_points(module)
-        fast_int8_contractions(module)
+        fast_int8_contractions(module, select())
         return str(module)
 
 
@@ -121,7 +122,7 @@ def test_matmul_constant_weight_is_exact(m: int, k: int, n: int, za: int) -> Non
     }}"""
     lowered = rewritten(src)
     assert f"() -> {ttype((n, k), 'i8')}" not in lowered and "tosa.transpose" not in lowered
-    assert ("torchtosa_vnni_" in lowered) == (vnni.available() and n % 16 == 0)
+    assert ("torchtosa_vnni_" in lowered) == (vnni.available(select()) and n % 16 == 0)
     a = (aligned_values if k > EXACT_TERMS else int8_values)((1, m, k), 4)
     expected = ((a.long() - za) @ w.long().T).to(I32)
     fns = compile_all(src, [TensorSpec((1, m, k), I8)], [TensorSpec((1, m, n), I32)])
@@ -167,7 +168,7 @@ def test_conv2d_is_exact(shape: tuple[int, ...], channels: int, kernel: tuple[in
            : ({x_t}, {w_t}, tensor<{channels}xi32>, tensor<1xi8>, tensor<1xi8>) -> {out_t}
       return %r : {out_t}
     }}"""
-    on_vnni = vnni.available() and channels % 16 == 0 and stride == (1, 1)
+    on_vnni = vnni.available(select()) and channels % 16 == 0 and stride == (1, 1)
     lowered = rewritten(src)
     assert ("torchtosa_vnni_conv" in lowered) == on_vnni
     assert lowered.count("tosa.conv2d") == (0 if on_vnni else -(-(kh * kw * c) // EXACT_TERMS))

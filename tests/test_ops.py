@@ -15,7 +15,7 @@ from torchtosa import InvalidInput, Unsupported
 from torchtosa.importer import rules as R
 from torchtosa.importer.registry import registry
 from torchtosa.importer.tosa import storage_layout
-from torchtosa.testing import run_op
+from torchtosa.testing import assert_within, rounded_once, run_op
 
 ROOT = Path(__file__).resolve().parent.parent
 # Ops whose result values torch leaves unspecified: only shapes and dtypes are compared.
@@ -89,6 +89,26 @@ def call_torch(e: OpDef, args: list[Any]) -> list[torch.Tensor]:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
+def check_results(e: OpDef, s: Sample, got: list[torch.Tensor], args: list[Any]) -> None:
+    """Results against the entry's oracle: eager (`assert_matches_eager`), or for an entry with
+    `oracle: exact` its f16/bf16 results against the op on f64 rounded once, within the bound of
+    an f32 sum (`torchtosa.testing.rounded_once`): eager's low-precision kernels of such ops differ
+    from one CPU to another. Zero-element results (saved statistics) have no TOSA value under a
+    target: where fewer results came back, those are not compared."""
+    if e.oracle == "eager":
+        expected = [(x, None) for x in call_torch(e, args)]
+    else:
+        expected = rounded_once(lambda *a: call_torch(e, list(a)), args)
+    if len(got) != len(expected):
+        expected = [(x, bound) for x, bound in expected if x.numel()]
+    assert len(got) == len(expected)
+    for i, (g, (x, bound)) in enumerate(zip(got, expected, strict=True)):
+        if bound is None:
+            assert_matches_eager(e, s, [g], [x])
+        else:
+            assert_within(g, x, bound, f"result {i} of {e.op} ({s.where})")
+
+
 def describe(e: OpDef, args: list[Any]) -> list[Any]:
     """Arguments as the rules see them; numbers in Tensor slots become wrapped numbers."""
     out = []
@@ -135,8 +155,7 @@ def test_shape_and_dtype_rules_match_pytorch(e: OpDef, s: Sample) -> None:
                          ids=[i for i, c in zip(IDS, CASES, strict=True) if not (c[1].raises or c[1].unsupported)])
 def test_native_matches_eager(e: OpDef, s: Sample) -> None:
     args = make_args(e, s)
-    expected = call_torch(e, args)
-    assert_matches_eager(e, s, run_op(entry_for(e), args), expected)
+    check_results(e, s, run_op(entry_for(e), args), args)
 
 
 def assert_matches_eager(e: OpDef, s: Sample, got: list[torch.Tensor], expected: list[torch.Tensor]) -> None:

@@ -17,12 +17,14 @@ from mlir import ir
 from torch import nn
 
 import torchtosa
+from torchtosa.cpu import Cpu, select, table
 from torchtosa.errors import CompileError
 from torchtosa.execute import native as execute
 from torchtosa.execute.native import _prepare
 from torchtosa.lower import pipeline, schedule, vecmath
 from torchtosa.lower.irutil import find_ops
-from torchtosa.lower.schedule import MATMUL_TILE, VECTOR_WIDTH, _column_divisor, _divisor, plan
+from torchtosa.lower.schedule import _column_divisor, _divisor, plan
+from torchtosa.lower.tiles import derive
 
 
 def _linalg(fn: Any, *args: torch.Tensor, opt: str = "default", stop_before: str = "bufferize") -> ir.Module:
@@ -44,8 +46,8 @@ def _ops(module: ir.Module) -> list[str]:
     return names
 
 
-def _planned(module: ir.Module) -> list[tuple[str, tuple[int, ...]]]:
-    return [(op.name, tiling[0]) for op, tiling in schedule.plans(module)]
+def _planned(module: ir.Module, cpu: Cpu | None = None) -> list[tuple[str, tuple[int, ...]]]:
+    return [(op.name, tiling[0]) for op, tiling in schedule.plans(module, derive(cpu or select()))]
 
 
 def test_divisor() -> None:
@@ -65,13 +67,17 @@ def test_matmul_becomes_outer_products() -> None:
     assert "linalg.batch_matmul" in reference and not any(n.startswith("vector.") for n in reference)
 
 
-def test_tile_sizes_divide_loops() -> None:
-    seen = _planned(_linalg(lambda a, b: torch.relu(a @ b).sum(-1), torch.randn(2, 12, 10), torch.randn(2, 10, 40),
-                            stop_before="schedule"))
-    # a batch matmul (generalized by elementwise fusion): 12 rows -> tile 6, 40 columns -> 8
-    # (a power of two: `_column_divisor`)
-    assert ("linalg.generic", (1, 6, 8, 1)) in seen
-    assert all(s[-1] <= max(VECTOR_WIDTH, MATMUL_TILE[1]) for _, s in seen)
+@pytest.mark.parametrize("cpu", sorted(table()))
+def test_tile_sizes_divide_loops(cpu: str) -> None:
+    tiles = derive(table()[cpu])
+    module = _linalg(lambda a, b: torch.relu(a @ b).sum(-1), torch.randn(2, 12, 10), torch.randn(2, 10, 40),
+                     stop_before="schedule")
+    seen = _planned(module, table()[cpu])
+    # a batch matmul (generalized by elementwise fusion): 12 rows -> tile 6 of 8 rows (AVX-512),
+    # 4 of 4 (AVX2); 40 columns -> 8 (a power of two: `_column_divisor`)
+    rows, columns = tiles.matmul
+    assert ("linalg.generic", (1, _divisor(12, rows), _column_divisor(40, columns), 1)) in seen
+    assert all(s[-1] <= max(tiles.vector, columns) for _, s in seen)
 
 
 def test_unscheduled_ops_stay_loops() -> None:
@@ -174,7 +180,8 @@ def test_reduction_loops_read_as_one_run_are_merged(shape: tuple[int, ...]) -> N
     schedule.collapse_reductions(module)
     assert reductions() == [1]
     (contraction,) = contractions()
-    assert plan(contraction)[0][:2] == (8, _column_divisor(40, 32))
+    rows, columns = derive(select()).matmul
+    assert plan(contraction)[0][:2] == (_divisor(shape[0] * shape[2], rows), _column_divisor(40, columns))
     with torch.no_grad():
         torch.testing.assert_close(torchtosa.compile(model, x)(x), model(x), rtol=1e-5, atol=1e-5)
 
@@ -245,7 +252,7 @@ def test_vector_math_calls_libmvec(name: str, dtype: torch.dtype) -> None:
     if name in ("log", "log1p"):
         x[1:] = x[1:].abs()
     calls = [n for n in _ops(_linalg(fn, x, stop_before="bufferize")) if n == "func.call"]
-    assert bool(calls) == (vecmath.library() is not None)
+    assert bool(calls) == (vecmath.library(select()) is not None)
     torch.testing.assert_close(torchtosa.compile(fn, x)(x), fn(x), equal_nan=True)
 
 

@@ -23,6 +23,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..api import _capture, _check_call
+from ..cpu import Cpu, host_arch, select
 from ..errors import CompileError, Unsupported
 from ..importer.graph import Program, import_graph
 from ..lower.pipeline import check_opt, lower
@@ -48,7 +49,7 @@ class Library:
 
 def export_library(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args: Any,
                    path: str | Path = "model.so", opt: str = "default", name: str | None = None,
-                   **kwargs: Any) -> Library:
+                   cpu: str | None = None, **kwargs: Any) -> Library:
     """Compile `fn` for these example inputs into a shared library `path` and a C header next
     to it (`model.so` and `model.h`), declaring `int <name>_run(inputs..., outputs...)`.
 
@@ -57,8 +58,9 @@ def export_library(fn: Callable | torch.nn.Module | torch.export.ExportedProgram
     `Unsupported` names the op otherwise) and shapes are static: the library runs the example
     inputs' shapes and dtypes. `opt` is `torchtosa.compile`'s; with "parallel" the library needs
     the OpenMP runtime `libiomp5.so`, copied next to it. `name` (default: the file's stem
-    without "lib") prefixes the C names; keyword arguments are `fn`'s, as for `to_tosa`. The
-    code is compiled for this machine's CPU.
+    without "lib") prefixes the C names; keyword arguments are `fn`'s, as for `to_tosa`. `cpu`
+    names the entry of the CPU table (opdefs/cpus.yaml) the code is for: by default
+    $TORCHTOSA_CPU, else this machine's; any x86-64 entry, whether this machine runs it or not.
     """
     check_opt(opt)
     if not isinstance(fn, torch.export.ExportedProgram):
@@ -67,17 +69,31 @@ def export_library(fn: Callable | torch.nn.Module | torch.export.ExportedProgram
     program = import_graph(captured.gm)
     outputs = output_names(captured.out_spec, len(program.outputs))
     return build(program, captured.params, path, opt=opt, name=name,
-                 input_names=program.input_names[len(captured.params):], output_names=outputs, source=describe(fn))
+                 input_names=program.input_names[len(captured.params):], output_names=outputs, source=describe(fn),
+                 cpu=select(cpu))
+
+
+def _compiled_for(cpu: Cpu) -> str:
+    """The header's note of what CPU the code needs."""
+    if cpu.native:
+        return f"Compiled for this machine's CPU ({cpu.name}: LLVM's {cpu.llvm_cpu}) and every extension it has."
+    return (f"Compiled for the CPU table's {cpu.name} (LLVM's {cpu.llvm_cpu}): it needs "
+            f"{', '.join(cpu.features)}.")
 
 
 def build(program: Program, constants: Sequence[torch.Tensor], path: str | Path, opt: str = "default",
           name: str | None = None, input_names: Sequence[str] | None = None,
-          output_names: Sequence[str] | None = None, source: str = "", on_stage: OnStage | None = None) -> Library:
+          output_names: Sequence[str] | None = None, source: str = "", on_stage: OnStage | None = None,
+          cpu: Cpu | None = None) -> Library:
     """Write the library `path` and its header for `program`, whose first `len(constants)`
     inputs are `constants` (embedded in the library) and the others the caller's arrays.
     `on_stage(stage, seconds)` hears of each step: the pipeline's stages, translate, optimize,
-    compile, link."""
+    compile, link. `cpu`: the entry of the CPU table to compile for (by default `cpu.select()`)."""
     check_opt(opt)
+    cpu = cpu or select()
+    if cpu.arch != host_arch():
+        raise Unsupported(f"export_library builds for this machine's architecture ({host_arch()}); "
+                          f"CPU {cpu.name!r} is {cpu.arch}")
     path = Path(path)
     if path.suffix != ".so":
         raise ValueError(f"a shared library's path ends in .so, not {path.name!r}")
@@ -90,21 +106,21 @@ def build(program: Program, constants: Sequence[torch.Tensor], path: str | Path,
     embedded, callers, outputs = _ports(program, constants, input_names, output_names)
 
     module = _prepare(program.module, program.name, tuple(program.inputs), tuple(program.outputs))
-    arenas = [_bytes(shape, width) for shape, width in lower(module, opt, on_stage=on_stage)]
+    arenas = [_bytes(shape, width) for shape, width in lower(module, opt, on_stage=on_stage, cpu=cpu)]
     clock = _Clock(on_stage)
     text = toolchain.llvm_ir(module)
     clock("translate to LLVM IR")
     with tempfile.TemporaryDirectory(prefix="torchtosa-lib-") as tmp:
         work = Path(tmp)
         (work / "kernel.ll").write_text(text)
-        toolchain.optimize(work / "kernel.ll", work / "kernel.bc")
+        toolchain.optimize(work / "kernel.ll", work / "kernel.bc", cpu)
         clock("optimize (opt -O3)")
-        toolchain.compile_object(work / "kernel.bc", work / "kernel.o")
+        toolchain.compile_object(work / "kernel.bc", work / "kernel.o", cpu)
         clock("compile (llc)")
         undefined = toolchain.undefined_symbols(work / "kernel.o")
         link, shipped, needs_note = _runtime_libraries(undefined, work, path.name)
         notes = [f"Model: {source or 'a TOSA program'}, opt={opt!r}.",
-                 f"Compiled for this machine's CPU ({toolchain.host_cpu()}) and its instruction set extensions.",
+                 _compiled_for(cpu),
                  f"Link: cc app.c {path.name} -Wl,-rpath,'$ORIGIN'. At run time it needs no Python or MLIR, only",
                  needs_note]
         iface = cabi.Interface(prefix, program.name, [*embedded, *callers], outputs, arenas,

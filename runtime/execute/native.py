@@ -25,6 +25,7 @@ from mlir.execution_engine import ExecutionEngine
 
 from .. import progress
 from ..capture.symbolic import Bound, Size, evaluator, free_symbols, symbol_sources
+from ..cpu import Cpu, runnable, select
 from ..errors import CompileError, InputMismatch, Unsupported
 from ..lower.pipeline import Scratch, lower
 
@@ -88,6 +89,7 @@ class NativeFunction:
         opt: str = "default",
         ranges: dict[sympy.Symbol, tuple[int, int | None]] | None = None,
         scalars: dict[int, sympy.Symbol] | None = None,
+        cpu: Cpu | None = None,
     ) -> None:
         """Lower a clone of `module` (which stays untouched) and JIT `@name`.
 
@@ -96,13 +98,16 @@ class NativeFunction:
         CompileError if the signature differs or lowering or the JIT fails.
         `opt` names the lowering (`pipeline.OPT_LEVELS`). A symbolic dim of the specs is `?` in
         the module; its value comes from the inputs at each call (within `ranges`, per symbol):
-        from a dim, or from an input that holds it (`scalars`: input position -> symbol).
+        from a dim, or from an input that holds it (`scalars`: input position -> symbol). `cpu` is
+        the entry of the CPU table the code is for (by default `cpu.select()`); this machine must
+        run it.
         """
         self.inputs = tuple(inputs)
         self.outputs = tuple(outputs)
         self.name = name
+        self.cpu = runnable(cpu or select())
         self._module = _prepare(module, name, self.inputs, self.outputs)
-        scratch = lower(self._module, opt)
+        scratch = lower(self._module, opt, cpu=self.cpu)
         if opt == "parallel":
             _load_openmp_runtime()
         progress.stage("LLVM code generation")

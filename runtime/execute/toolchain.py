@@ -16,6 +16,7 @@ from pathlib import Path
 from mlir import ir
 from mlir.dialects import llvm
 
+from ..cpu import Cpu
 from ..errors import CompileError
 
 TIMEOUT = 900  # seconds for one tool run (llc on a large model takes a minute)
@@ -66,35 +67,31 @@ def run(command: Sequence[str], cwd: str | Path | None = None, what: str | None 
     return done.stdout
 
 
-def optimize(ir_file: Path, out: Path) -> None:
-    """LLVM's -O3 pipeline for the host CPU, as MLIR's JIT runs it (bitcode out)."""
-    run([llvm_tool("opt"), "-O3", "-mcpu=native", str(ir_file), "-o", str(out)], what="opt")
+def mcpu(cpu: Cpu) -> str:
+    """LLVM's -mcpu for an entry of the CPU table: "native" for the host's (every feature LLVM
+    detects, as the JIT compiles), else the entry's LLVM CPU."""
+    return "-mcpu=native" if cpu.native else f"-mcpu={cpu.llvm_cpu}"
 
 
-def compile_object(bitcode: Path, out: Path) -> None:
-    """Position-independent machine code for the host CPU (its vector registers and instructions,
-    as the JIT uses them: vector math calls pass 512-bit registers where the CPU has them)."""
-    run([llvm_tool("llc"), "-O3", "-mcpu=native", "-relocation-model=pic", "-filetype=obj",
+def optimize(ir_file: Path, out: Path, cpu: Cpu) -> None:
+    """LLVM's -O3 pipeline for `cpu`, as MLIR's JIT runs it (bitcode out)."""
+    run([llvm_tool("opt"), "-O3", mcpu(cpu), str(ir_file), "-o", str(out)], what="opt")
+
+
+def compile_object(bitcode: Path, out: Path, cpu: Cpu) -> None:
+    """Position-independent machine code for `cpu` (its vector registers and instructions, as the
+    JIT uses them: vector math calls pass registers of the width its entry's libmvec variant has)."""
+    run([llvm_tool("llc"), "-O3", mcpu(cpu), "-relocation-model=pic", "-filetype=obj",
          str(bitcode), "-o", str(out)], what="llc")
 
 
+@functools.cache
 def host_cpu() -> str:
     """The CPU `-mcpu=native` stands for, as llc reports it."""
     for line in run([llvm_tool("llc"), "--version"]).splitlines():
         if "Host CPU:" in line:
             return line.split(":", 1)[1].strip()
     return "native"
-
-
-@functools.cache
-def host_has(flag: str) -> bool:
-    """Whether the host CPU (what the JIT and `-mcpu=native` compile for) reports an instruction
-    set flag of /proc/cpuinfo, such as "avx512f"."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and f" {flag}" in line for line in f)
-    except OSError:
-        return False
 
 
 def undefined_symbols(obj: Path) -> set[str]:

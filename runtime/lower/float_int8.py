@@ -14,7 +14,7 @@ stays within 2^24, where f32 holds every integer, in any order of summation (FMA
 
 A matmul whose second operand is a constant (a frozen nn.Linear weight) and a stride-1 conv2d
 with a constant weight, with output columns in whole 16-lane vectors, run on AVX512-VNNI
-instead where the host has it (`vnni`: 4x the f32 FMA's multiply-adds per instruction, exact
+instead where the target CPU has it (`vnni`: 4x the f32 FMA's multiply-adds per instruction, exact
 in i32 without chunks).
 
 The result is bit for bit the i32 accumulator TOSA defines (which wraps modulo 2^32; no sum
@@ -32,6 +32,7 @@ import math
 import numpy as np
 from mlir import ir
 
+from ..cpu import Cpu
 from . import vnni
 from .irutil import find_ops
 from .zero_points import constant, int_width
@@ -39,17 +40,19 @@ from .zero_points import constant, int_width
 EXACT_TERMS = 1024  # products of two int8 values whose sum is exact in f32: 1024 * 2^14 = 2^24
 
 
-def fast_int8_contractions(module: ir.Module) -> None:
+def fast_int8_contractions(module: ir.Module, cpu: Cpu) -> None:
     """Rewrite each int8 x int8 -> i32 tosa.matmul / tosa.conv2d with zero zero points as a VNNI
-    kernel call or an exact f32 contraction (see the module docstring)."""
+    kernel call (where `cpu` has the instruction) or an exact f32 contraction (see the module
+    docstring)."""
+    dot = vnni.available(cpu)
     with module.context, ir.Location.unknown():
         for op in find_ops(module, lambda o: o.name in ("tosa.matmul", "tosa.conv2d")):
             if not _int8_contraction(op):
                 continue
             if op.name == "tosa.matmul":
-                _matmul(op)
+                _matmul(op, dot)
             else:
-                _conv2d(op)
+                _conv2d(op, dot)
 
 
 def _int8_contraction(op: ir.Operation) -> bool:
@@ -130,13 +133,13 @@ def _sum_i32(emit: _Emit, parts: list[ir.Value]) -> ir.Value:
     return acc
 
 
-def _matmul(op: ir.Operation) -> None:
+def _matmul(op: ir.Operation, dot: bool) -> None:
     a, b = list(op.operands)[:2]
     batch, m, k = ir.RankedTensorType(a.type).shape
     n = ir.RankedTensorType(b.type).shape[2]
     emit = _Emit(op)
     weight = constant(b)
-    if batch == 1 and weight is not None and vnni.available() and vnni.fits(m, k, n):
+    if batch == 1 and weight is not None and dot and vnni.fits(m, k, n):
         _vnni_matmul(op, emit, a, weight[0])
         return
     zero = emit.zero(emit.f32, [1])
@@ -236,14 +239,14 @@ def _vnni_conv2d(op: ir.Operation, emit: _Emit, x: ir.Value, w: np.ndarray, bias
     _erase(op)
 
 
-def _conv2d(op: ir.Operation) -> None:
+def _conv2d(op: ir.Operation, dot: bool) -> None:
     x, w, bias = list(op.operands)[:3]
     channels_out, kh, kw, channels_in = ir.RankedTensorType(w.type).shape
     if kh * kw > EXACT_TERMS or int_width(bias.type) != 32:
         return
     emit = _Emit(op)
     weight = constant(w)
-    if (weight is not None and vnni.available() and channels_out % vnni.LANES == 0
+    if (weight is not None and dot and channels_out % vnni.LANES == 0
             and list(ir.DenseI64ArrayAttr(op.attributes["stride"])) == [1, 1]
             and list(ir.DenseI64ArrayAttr(op.attributes["dilation"])) == [1, 1]):
         _vnni_conv2d(op, emit, x, weight, bias)

@@ -32,6 +32,7 @@ from mlir import ir
 from mlir.dialects import arith, linalg, memref, tensor
 
 from .. import progress
+from ..cpu import Cpu, select
 from ..errors import CompileError
 from . import vnni
 from .convolutions import rewrite_convolutions
@@ -126,8 +127,9 @@ Scratch = tuple[tuple[int, ...], int]  # (shape, bytes per element) of a buffer 
 
 
 def lower(module: ir.Module, opt: str = "default", stop_before: str | None = None,
-          on_stage: Callable[[str, float], None] | None = None) -> list[Scratch]:
-    """Lower a TOSA module in place to the LLVM dialect (or up to the stage `stop_before`).
+          on_stage: Callable[[str, float], None] | None = None, cpu: Cpu | None = None) -> list[Scratch]:
+    """Lower a TOSA module in place to the LLVM dialect (or up to the stage `stop_before`), for
+    `cpu` (an entry of the CPU table; by default `cpu.select()`: $TORCHTOSA_CPU or the host's).
 
     With opt="default" or "parallel", a long function is first cut into parts (`partition`),
     and the function's intermediate buffers are carved out of one
@@ -139,6 +141,7 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
     Raises CompileError naming the failing stage, with MLIR's diagnostics.
     """
     check_opt(opt)
+    cpu = cpu or select()
     scratch: list[Scratch] = []
     results: dict[str, int] = {}
     start = time.perf_counter()
@@ -165,7 +168,7 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
         progress.stage(stage)
         if stage == "schedule":
             try:
-                schedule(module, parallel=opt == "parallel")
+                schedule(module, parallel=opt == "parallel", cpu=cpu)
             except ir.MLIRError as e:
                 raise CompileError(f"stage {stage!r} failed: {e}") from e
             done(stage)
@@ -173,7 +176,7 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
         if stage == "tosa-to-linalg":
             if opt != "none":
                 separate_zero_points(module)
-                fast_int8_contractions(module)
+                fast_int8_contractions(module, cpu)
             _exact_float_arith(module)
         if stage == "fuse-before-reshapes":
             _no_dynamic_broadcasts(module)
@@ -200,9 +203,37 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
         if private:
             constant_fields(module, private)
             unoptimized_glue(module)
+        if stage == "llvm":
+            target(module, cpu)
         done(stage)
     _verify(module, "the lowered module")
     return scratch
+
+
+_INLINING = ('"alwaysinline"', '"noinline"')
+
+
+def target(module: ir.Module, cpu: Cpu) -> None:
+    """Make the LLVM functions of `module` compile for `cpu`'s LLVM CPU, unless `cpu` is the
+    host's entry (then LLVM generates for the host, every feature it detects, as `-mcpu=native`).
+
+    A function's `target-cpu` and (empty) `target-features` replace what the JIT's target
+    machine was made for (the host). The C-interface wrappers are not inlined: the JIT wraps each
+    in a packed function of its own, compiled for the host, which would otherwise take the body.
+    """
+    if cpu.native:
+        return
+    with module.context:
+        for op in module.body.operations:
+            if op.operation.name != "llvm.func" or not op.regions[0].blocks:
+                continue
+            op.attributes["target_cpu"] = ir.StringAttr.get(cpu.llvm_cpu)
+            op.attributes["target_features"] = ir.Attribute.parse("#llvm.target_features<[]>")
+            name = ir.StringAttr(op.attributes["sym_name"]).value
+            if name.startswith("_mlir_ciface_"):  # (it inherited its function's alwaysinline)
+                kept = [a for a in ir.ArrayAttr(op.attributes["passthrough"]) if str(a) not in _INLINING] \
+                    if "passthrough" in op.attributes else []
+                op.attributes["passthrough"] = ir.ArrayAttr.get([*kept, ir.StringAttr.get("noinline")])
 
 
 def _dynamic_shapes(module: ir.Module) -> bool:

@@ -5,8 +5,11 @@ op's static shapes), writes them as a transform-dialect script and runs MLIR's t
 interpreter on the module. Ops it does not pick stay as they are and lower to plain loops,
 exactly as in the reference pipeline (opt="none").
 
+Every tile size is derived from the description of the CPU the code is for (`tiles.derive`:
+register tiles sized to its vector register file, vector widths from its lanes).
+
 - Contractions (batch_matmul, matmul, and generics that are a sum of products, as elementwise
-  fusion leaves a matmul it moved a reshape through) get a register tile of MATMUL_TILE rows x
+  fusion leaves a matmul it moved a reshape through) get a register tile of `Tiles.matmul` rows x
   columns and a reduction step of 1: the vectorized tile is a chain of outer products (one
   broadcast FMA per row), its accumulator hoisted out of the reduction loop into registers.
   Column tiles are the outer loop, so a column panel of the second operand stays in cache. A
@@ -18,11 +21,11 @@ exactly as in the reference pipeline (opt="none").
   tile, one output row and one filter tap, is decomposed into a 1-D convolution and vectorized.
   1x1 convolutions are matmuls by now, and depthwise ones of multiplier 1 have lost the
   multiplier (`convolutions.rewrite_convolutions`); padded inputs are written in place
-  (`convolutions.pads_in_place`). Depthwise convolutions get a tile of DEPTHWISE_TILE (output
+  (`convolutions.pads_in_place`). Depthwise convolutions get a tile of `Tiles.depthwise` (output
   columns x channels), decomposed and vectorized along the channels like the dense ones.
 - Everything else that is vectorizable (elementwise and reduction generics, fill, transpose)
-  gets a tile of 1 on every loop but the innermost, which gets up to VECTOR_WIDTH; an op that
-  strides through an operand along that loop (a transpose) gets square TRANSPOSE_TILE tiles,
+  gets a tile of 1 on every loop but the innermost, which gets up to `Tiles.vector`; an op that
+  strides through an operand along that loop (a transpose) gets square `Tiles.transpose` tiles,
   transposed in registers. Vector reductions are marked reassociable so LLVM sums them as trees.
 - Vector math (exp, erf, tanh, ...) becomes libmvec calls where usable (`vecmath`).
 - With opt="parallel", every other op with enough work (convolutions and contractions from
@@ -50,18 +53,15 @@ from collections.abc import Callable
 from mlir import ir
 from mlir.dialects import arith, linalg, scf, tensor
 
+from ..cpu import Cpu, select
 from . import vecmath
 from .convolutions import CONV as _CONV
 from .convolutions import DEPTHWISE as _DEPTHWISE
 from .convolutions import pads_in_place
 from .irutil import find_ops, run_passes
-
-MATMUL_TILE = (8, 32)  # 8 rows x 32 columns of f32: 16 AVX-512 accumulators
-VECTOR_WIDTH = 64  # innermost tile of other ops: 4 AVX-512 registers of f32
-TRANSPOSE_TILE = 16  # transposes: 16 x 16 tiles
+from .tiles import Tiles, derive
 
 _CONTRACTIONS = {"linalg.batch_matmul": 1, "linalg.matmul": 0}  # op -> number of batch loops
-DEPTHWISE_TILE = (8, 32)  # output columns x channels of f32: 16 AVX-512 accumulators
 _DECOMPOSED = (_CONV, _DEPTHWISE)  # tiled by one output row and filter tap, then decomposed to 1-D
 # not tiled (unless `plan` tiles them), but split across threads: loops (output dims..., kh, kw)
 _WINDOWED = ("linalg.pooling_nhwc_max", "linalg.pooling_nhwc_min", "linalg.pooling_nhwc_sum",
@@ -120,16 +120,21 @@ _LOWERING = """
     transform.apply_patterns.vector.lower_contraction lowering_strategy = "outerproduct"
     transform.apply_patterns.vector.transfer_permutation_patterns
     transform.apply_patterns.vector.lower_multi_reduction lowering_strategy = "innerreduction"
-    transform.apply_patterns.vector.lower_transpose lowering_strategy = "shuffle_16x16"
+    transform.apply_patterns.vector.lower_transpose $TRANSPOSE
   } : !transform.any_op
   transform.apply_patterns to %func {
     transform.apply_patterns.vector.lower_outerproduct
   } : !transform.any_op
 """
+# How a square transpose tile of one vector per row is lowered, by its side (`Tiles.transpose`):
+# 16 x 16 f32 in AVX-512 shuffles, 8 x 8 in AVX2's, anything else element by element.
+_TRANSPOSE_LOWERING = {16: 'lowering_strategy = "shuffle_16x16"',
+                       8: 'lowering_strategy = "shuffle_1d" avx2_lowering_strategy = true'}
 
 
-def schedule(module: ir.Module, parallel: bool = False) -> None:
-    """Tile and vectorize the linalg ops of `module` (on tensors) in place.
+def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) -> None:
+    """Tile and vectorize the linalg ops of `module` (on tensors) in place, for `cpu` (by default
+    the CPU a compile targets now, `cpu.select`).
 
     With `parallel`, the column-panel loops of packed contractions of at least
     PARALLEL_MIN_MACS multiply-adds (a dynamic size counted as DYNAMIC_SIZE_GUESS) are
@@ -137,13 +142,15 @@ def schedule(module: ir.Module, parallel: bool = False) -> None:
     scf.forall chunk per thread (`thread_split`, `_window_split`); the "openmp" stage of the
     pipeline makes them OpenMP worksharing loops.
     """
+    cpu = cpu or select()
+    tiles = derive(cpu)
     split_prologues(module)
     collapse_reductions(module)
     pads_in_place(module)
-    pack_panels(module, parallel)
+    pack_panels(module, parallel, tiles)
     chunks = threads() if parallel else 1
     groups: dict[Key, list[ir.Operation]] = {}
-    for op, tiling in plans(module):
+    for op, tiling in plans(module, tiles):
         split = thread_split(op, tiling, chunks)
         groups.setdefault((op.name if op.name in _DECOMPOSED else "", *tiling, split), []).append(op)
     planned = {op.operation for ops in groups.values() for op in ops}  # depthwise ones `plan` tiles
@@ -157,7 +164,7 @@ def schedule(module: ir.Module, parallel: bool = False) -> None:
         for key, ops in groups.items():
             for op in ops:
                 op.attributes[_TILE_ATTR] = ir.StringAttr.get(_key(key))
-        script = ir.Module.parse(_script(groups))
+        script = ir.Module.parse(_script(groups, tiles))
         module.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get()
         for op in list(script.body.operations):
             op.detach_from_parent()
@@ -175,11 +182,11 @@ def schedule(module: ir.Module, parallel: bool = False) -> None:
     # bufferization would otherwise resolve with a buffer copy per tile
     run_passes(module, "builtin.module(canonicalize,cse)")
     _reassociate_reductions(module)
-    if vecmath.library() is not None:
-        vecmath.use_vector_library(module)
+    if vecmath.library(cpu) is not None:
+        vecmath.use_vector_library(module, cpu)
 
 
-def pack_panels(module: ir.Module, parallel: bool = False) -> None:
+def pack_panels(module: ir.Module, parallel: bool = False, tiles: Tiles | None = None) -> None:
     """Rewrite each named contraction whose second operand is worth packing (`_panel_source`)
     as a loop over column panels: each iteration computes one panel of the second operand (all
     k, one column tile) into a small contiguous buffer, then the contraction of all rows with
@@ -191,9 +198,10 @@ def pack_panels(module: ir.Module, parallel: bool = False) -> None:
     whose cost grows with the size of the whole function (compile time then grew with the
     square of a model's depth).
     """
+    tiles = tiles or derive(select())
     with module.context, ir.Location.unknown():
         for op in find_ops(module, lambda op: op.name in _CONTRACTIONS):
-            tiling = plan(op)
+            tiling = plan(op, tiles)
             if tiling is None:
                 continue
             sizes = tiling[0]
@@ -386,12 +394,14 @@ def _insert(kind: type, tile: ir.Value, dest: ir.Value, offsets: list, shape: li
     return kind(tile, dest, dynamic, dynamic_sizes, [], static, static_sizes, [1] * len(shape))
 
 
-def plans(module: ir.Module) -> list[tuple[ir.Operation, Tiling]]:
-    """Each op of `module` that `plan` tiles, in pre-order, with its tiling."""
+def plans(module: ir.Module, tiles: Tiles | None = None) -> list[tuple[ir.Operation, Tiling]]:
+    """Each op of `module` that `plan` tiles (for `tiles`, by default the selected CPU's), in
+    pre-order, with its tiling."""
     found: list[tuple[ir.Operation, Tiling]] = []
+    tiles = tiles or derive(select())
 
     def visit(op: ir.Operation) -> ir.WalkResult:
-        tiling = plan(op)
+        tiling = plan(op, tiles)
         if tiling is not None:
             found.append((op, tiling))
         return ir.WalkResult.ADVANCE
@@ -400,7 +410,7 @@ def plans(module: ir.Module) -> list[tuple[ir.Operation, Tiling]]:
     return found
 
 
-def plan(op: ir.Operation) -> Tiling | None:
+def plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
     """The tile size of each loop of `op`, the order of the tile loops, the loops (of a dynamic
     size) whose last tile may be partial and which of those are a matmul's rows; or None to
     leave `op` alone.
@@ -411,30 +421,32 @@ def plan(op: ir.Operation) -> Tiling | None:
     loops = _loop_sizes(op)
     if loops is None or not loops or 0 in loops:
         return None
+    t = tiles or derive(select())
+    rows, columns = t.matmul
     order = list(range(len(loops)))
     if op.name == _CONV:  # a dynamic output width gets tiles of 1 (no masked 1-D convolutions)
         _, _, ow, f, _, _, _ = loops
-        sizes = (1, 1, 1 if ow is None else _divisor(ow, MATMUL_TILE[0]), _column_divisor(f, MATMUL_TILE[1]), 1, 1, 1)
+        sizes = (1, 1, 1 if ow is None else _divisor(ow, rows), _column_divisor(f, columns), 1, 1, 1)
         return sizes, tuple(order), (), ()
     if op.name == _DEPTHWISE:  # loops (n, oh, ow, c, kh, kw), static
         _, _, ow, c, _, _ = loops
-        sizes = (1, 1, _divisor(ow, DEPTHWISE_TILE[0]), _lanes_divisor(c, DEPTHWISE_TILE[1]), 1, 1)
+        sizes = (1, 1, _divisor(ow, t.depthwise[0]), _lanes_divisor(c, t.depthwise[1], t.lanes), 1, 1)
         return sizes, tuple(order), (), ()
     sizes = [1] * len(loops)
     mn = _matmul_loops(op)
     if mn is not None:  # reduction step 1: the k loop keeps tile 1
         m, n = mn
-        sizes[m] = _tile(loops[m], MATMUL_TILE[0])
-        sizes[n] = MATMUL_TILE[1] if loops[n] is None else _column_divisor(loops[n], MATMUL_TILE[1])
+        sizes[m] = _tile(loops[m], rows)
+        sizes[n] = columns if loops[n] is None else _column_divisor(loops[n], columns)
         order.remove(n)
         order.insert(order.index(m), n)
         partial = _partial(loops, sizes)
         return tuple(sizes), tuple(order), partial, tuple(d for d in partial if d == m)
-    sizes[-1] = _tile(loops[-1], VECTOR_WIDTH)
+    sizes[-1] = _tile(loops[-1], t.vector)
     inner = _transposed_inner_loop(op, len(loops))
     if inner is not None:  # a square tile, transposed in registers, instead of a strided gather
-        sizes[-1] = _tile(loops[-1], TRANSPOSE_TILE)
-        sizes[inner] = _tile(loops[inner], TRANSPOSE_TILE)
+        sizes[-1] = _tile(loops[-1], t.transpose)
+        sizes[inner] = _tile(loops[inner], t.transpose)
     return tuple(sizes), tuple(order), _partial(loops, sizes), ()
 
 
@@ -838,10 +850,11 @@ def _divisor(n: int, target: int) -> int:
     return next(d for d in range(min(n, target), 0, -1) if n % d == 0)
 
 
-def _lanes_divisor(n: int, target: int) -> int:
-    """The largest divisor of `n` up to `target` that is a whole number of AVX-512 registers of
-    f32 (a multiple of 16), else `_divisor`: 144 channels in tiles of 16, not 24 (16 + 8 lanes)."""
-    return next((d for d in range(target - target % 16, 0, -16) if n % d == 0), None) or _divisor(n, target)
+def _lanes_divisor(n: int, target: int, lanes: int) -> int:
+    """The largest divisor of `n` up to `target` that is a whole number of vector registers of f32
+    (a multiple of `lanes`), else `_divisor`: 144 channels in tiles of 16, not 24 (16 + 8 lanes,
+    with 16 lanes)."""
+    return next((d for d in range(target - target % lanes, 0, -lanes) if n % d == 0), None) or _divisor(n, target)
 
 
 def _column_divisor(n: int, target: int) -> int:
@@ -865,7 +878,7 @@ def _key(key: Key) -> str:
     return ":".join(parts)
 
 
-def _script(groups: dict[Key, list[ir.Operation]]) -> str:
+def _script(groups: dict[Key, list[ir.Operation]], tiles: Tiles) -> str:
     """The transform script: tile each group's ops and vectorize the tiles.
 
     A group with partial tiles (`plan`) is tiled by `_Remainders`: whole tiles as static ones,
@@ -918,7 +931,9 @@ def _script(groups: dict[Key, list[ir.Operation]]) -> str:
         for i in peeled:
             lines.append(f"  %again{i} = {_match(_key(list(groups)[i]))}")
             lines.append(f"  transform.structured.vectorize %again{i} : {any_op}")
-    lines += [f"  transform.foreach %funcs : {any_op} {{", f"  ^bb0(%func: {any_op}):", _LOWERING, "  }"]
+    transpose = _TRANSPOSE_LOWERING.get(tiles.transpose, 'lowering_strategy = "eltwise"')
+    lowering = _LOWERING.replace("$TRANSPOSE", transpose)
+    lines += [f"  transform.foreach %funcs : {any_op} {{", f"  ^bb0(%func: {any_op}):", lowering, "  }"]
     lines += ["  transform.yield", "}", "}"]
     return "\n".join(lines)
 

@@ -14,7 +14,8 @@ columns), 8 rows at a time keep 8 x 2 accumulators of 16 lanes in registers whil
 steps of 4 (one 4-byte broadcast of a per row); the rows left over run one at a time. K is
 padded to a multiple of 4 with zeros (in b; a's padding is multiplied by them). Each lane
 sums int8 products in i32 exactly as TOSA's accumulator (wrapping modulo 2^32, which sums of
-this size never reach). Used where the host has AVX512-VNNI; elsewhere `float_int8` runs.
+this size never reach). Used where the target CPU's entry has AVX512-VNNI (opdefs/cpus.yaml);
+elsewhere `float_int8` runs.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Callable
 import numpy as np
 from mlir import ir
 
-from ..execute.toolchain import host_has
+from ..cpu import Cpu
 
 ROWS = 8  # rows of a register tile
 LANES = 16  # i32 lanes of a 512-bit vector
@@ -33,9 +34,9 @@ PANEL = 2 * LANES  # columns of a register tile
 INSTRUCTION = "torchtosa_vpdpbusd"  # the placeholder function of the instruction
 
 
-def available() -> bool:
-    """Whether the host CPU has AVX512-VNNI (the JIT and export_library compile for the host)."""
-    return host_has("avx512_vnni")
+def available(cpu: Cpu) -> bool:
+    """Whether code for `cpu` uses this kernel: its int8 dot product is AVX512-VNNI's."""
+    return cpu.int8_dot == "avx512_vnni"
 
 
 def fits(m: int, k: int, n: int) -> bool:

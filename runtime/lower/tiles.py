@@ -1,0 +1,50 @@
+"""The schedule's tile sizes, derived from a CPU description (opdefs/cpus.yaml) as BLIS derives
+its micro-kernel shapes from the register file.
+
+A contraction's register tile is `rows` x `columns` f32 accumulators held in vector registers
+for the whole reduction; each step of k loads the tile's `columns` of the second operand (one
+vector per `lanes` columns), broadcasts one element of the first operand per row and issues one
+FMA per accumulator vector. Accumulators take half of the register file: the other half holds
+the loaded operand vectors, the broadcasts and what the compiler keeps in flight, so nothing
+spills (a spilled accumulator costs a load and a store per FMA, and LLVM's register allocator
+time grows with the spill code). Two vectors of columns per row keep the loads to FMAs ratio at
+(2 + rows) : 2 rows.
+
+    AVX-512 (32 x 16 lanes): 16 accumulators = 8 rows x 2 vectors -> an 8 x 32 tile
+    AVX2    (16 x  8 lanes):  8 accumulators = 4 rows x 2 vectors -> a 4 x 16 tile
+    NEON    (32 x  4 lanes): 16 accumulators = 8 rows x 2 vectors -> an 8 x 8 tile
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..cpu import Cpu, select
+
+COLUMN_VECTORS = 2  # vectors of columns per row of a register tile
+OTHER_OPS_VECTORS = 4  # vectors of the innermost tile of elementwise ops and reductions
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """The tile sizes of one CPU's schedule, in f32 elements."""
+
+    lanes: int  # f32 lanes of one vector register
+    matmul: tuple[int, int]  # rows x columns of a contraction's (and a convolution's) register tile
+    depthwise: tuple[int, int]  # output columns x channels of a depthwise convolution's tile
+    vector: int  # innermost tile of other vectorized ops
+    transpose: int  # side of a transpose's square tile, transposed in registers: one vector
+
+
+def derive(cpu: Cpu) -> Tiles:
+    """The tiles for `cpu` (see the module docstring)."""
+    lanes = cpu.lanes
+    accumulators = cpu.vector_registers // 2
+    register_tile = (accumulators // COLUMN_VECTORS, COLUMN_VECTORS * lanes)
+    return Tiles(lanes=lanes, matmul=register_tile, depthwise=register_tile, vector=OTHER_OPS_VECTORS * lanes,
+                 transpose=lanes)
+
+
+def selected(cpu: Cpu | None = None) -> Tiles:
+    """The tiles of `cpu`, else of the CPU a compile targets now (`cpu.select`)."""
+    return derive(cpu or select())
