@@ -17,7 +17,7 @@ VELA_VERSION := 5.2.0
 VELA   := .vela
 VELA_STAMP := $(VELA)/.installed-$(VELA_VERSION)
 
-.PHONY: all setup tosa-tools vela vela-report gen demo test lint bench coverage corpus fuzz reference clean
+.PHONY: all setup tosa-tools vela vela-report gen demo test test-avx2 lint bench coverage corpus fuzz reference clean
 
 all: test
 
@@ -69,6 +69,13 @@ lint: $(GEN)
 
 test: lint $(TOOLS_STAMP) $(VELA_STAMP)
 	$(PY) -m pytest -q -n auto -p no:cacheprovider tests
+
+# The suite as an AVX2-only host (Zen 3) sees it, on any x86-64 host: eager's kernels limited to
+# AVX2 (PyTorch, oneDNN, MKL) and native code for the CPU table's x86-64-v3 (opdefs/cpus.yaml).
+AVX2_ONLY := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 TORCHTOSA_CPU=x86-64-v3
+
+test-avx2: lint $(TOOLS_STAMP) $(VELA_STAMP)
+	$(AVX2_ONLY) $(PY) -m pytest -q -n auto -p no:cacheprovider tests
 
 bench: $(GEN)
 	$(PY) scripts/bench.py

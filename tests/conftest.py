@@ -21,3 +21,22 @@ def subprocess_env() -> dict[str, str]:
     paths = [str(Path(p).resolve()) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     return env
+
+
+# Eager's kernels can be limited to an ISA (PyTorch, oneDNN, MKL), as an AVX2 host runs them.
+_ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "asimd", "asimddp", "sve")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say which CPU the suite ran on: what a result means depends on it."""
+    from torchtosa import cpu
+
+    flags = " ".join(f for f in _FLAGS if f in cpu.host_flags())
+    selected = cpu.select()
+    limits = " ".join(f"{k}={os.environ[k]}" for k in _ISA_LIMITS if k in os.environ)
+    terminalreporter.write_sep("-", "CPU")
+    terminalreporter.write_line(f"host: {cpu.host_model()} [{flags}]")
+    terminalreporter.write_line(f"native code for: {selected.describe()}")
+    if limits:
+        terminalreporter.write_line(f"eager limited to: {limits}")

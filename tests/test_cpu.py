@@ -1,0 +1,184 @@
+"""The CPU table (opdefs/cpus.yaml) and what is derived from it.
+
+The schedule is checked for every entry: planned for all of them, compiled and run for those
+this machine runs, compiled only (LLVM for the entry's CPU) for the others. Code for a forced
+entry uses that entry's registers only, whatever the host has.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from mlir.execution_engine import ExecutionEngine
+from test_generator import check_message, write
+
+import torchtosa
+from generator.cpus import load_cpus
+from generator.source import SpecError
+from torchtosa import cpu as cpus
+from torchtosa.execute import native, toolchain
+from torchtosa.lower import pipeline
+from torchtosa.lower.tiles import COLUMN_VECTORS, derive
+
+ROOT = Path(__file__).resolve().parent.parent
+TABLE = cpus.table()
+RUNNABLE_X86 = sorted(name for name, c in TABLE.items() if c.arch == "x86_64" and c.runs_here)
+
+
+def _matmul_exp(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.exp(torch.tanh(a @ b)) + b.sum(0)
+
+
+def _lowered(cpu: cpus.Cpu) -> tuple[torchtosa.Program, object]:
+    """`_matmul_exp`'s TOSA program, and its module lowered to the LLVM dialect for `cpu`."""
+    a, b = torch.randn(16, 40), torch.randn(40, 64)
+    program = torchtosa.to_tosa(_matmul_exp, a, b, target=None)
+    module = native._prepare(program.module, "forward", tuple(program.inputs), tuple(program.outputs))
+    pipeline.lower(module, "default", cpu=cpu)
+    return program, module
+
+
+def _disassembly(obj: Path) -> str:
+    return subprocess.run([toolchain.llvm_tool("llvm-objdump"), "-d", "--no-show-raw-insn", str(obj)],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def test_host_entry_runs_here() -> None:
+    host = cpus.host()
+    assert host.runs_here and host.native and host.arch == cpus.host_arch()
+    assert all(c.runs_here for c in TABLE.values() if set(c.features) <= set(host.features) and c.arch == host.arch)
+
+
+def test_selection(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(cpus.ENV, raising=False)
+    assert cpus.select() == cpus.host()
+    monkeypatch.setenv(cpus.ENV, "neoverse-n1")
+    assert cpus.select().name == "neoverse-n1" and cpus.select("zen4").name == "zen4"
+    monkeypatch.setenv(cpus.ENV, "pentium")
+    with pytest.raises(ValueError, match=r"unknown CPU 'pentium' \(TORCHTOSA_CPU\).*x86-64-v3"):
+        cpus.select()
+    with pytest.raises(ValueError, match="unknown CPU 'i486' \\(cpu\\)"):
+        torchtosa.compile(torch.relu, cpu="i486")
+
+
+def test_an_entry_this_machine_cannot_run_is_refused() -> None:
+    arm = TABLE["neoverse-n1"] if cpus.host_arch() == "x86_64" else TABLE["x86-64-v3"]
+    with pytest.raises(torchtosa.TorchTosaError, match=r"can.t run on this machine.*export_library"):
+        torchtosa.compile(torch.relu, torch.randn(3), cpu=arm.name)
+
+
+@pytest.mark.parametrize("name", sorted(TABLE))
+def test_register_tiles_fit_the_register_file(name: str) -> None:
+    """Accumulators, the loaded row of columns and a broadcast fit the vector registers; every
+    width is whole vectors."""
+    c, t = TABLE[name], derive(TABLE[name])
+    rows, columns = t.matmul
+    assert columns == COLUMN_VECTORS * c.lanes and t.vector % c.lanes == 0 and t.transpose == c.lanes
+    assert rows * COLUMN_VECTORS + COLUMN_VECTORS + 1 <= c.vector_registers
+    assert rows * COLUMN_VECTORS <= c.vector_registers // 2  # half the file: no spills at any unroll
+
+
+@pytest.mark.parametrize("name", RUNNABLE_X86)
+def test_forced_entry_uses_only_its_registers(name: str, tmp_path: Path) -> None:
+    """The JIT's code for an entry this machine runs holds no wider register than the entry's (the
+    packed wrapper the JIT adds is compiled for the host) and matches eager. Entries it can't run:
+    `test_every_entry_compiles`."""
+    c = TABLE[name]
+    _, module = _lowered(c)
+    engine = ExecutionEngine(module, opt_level=3, shared_libs=[native._runner_utils()], enable_object_dump=True)
+    engine.initialize()
+    engine.raw_lookup("_mlir_ciface_forward")
+    engine.dump_to_object_file(str(tmp_path / "jit.o"))
+    asm = _disassembly(tmp_path / "jit.o")
+    assert ("%zmm" in asm) == (c.vector_bits == 512)
+    assert "%ymm" in asm or c.vector_bits == 512
+    a, b = torch.randn(16, 40), torch.randn(40, 64)
+    torch.testing.assert_close(torchtosa.compile(_matmul_exp, a, b, cpu=name)(a, b), _matmul_exp(a, b),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(TABLE))
+def test_every_entry_compiles(name: str, tmp_path: Path) -> None:
+    """Every entry's code goes through LLVM for its CPU (and triple): schedule, vector math and
+    instruction selection hold for targets this machine can't run."""
+    c = TABLE[name]
+    _, module = _lowered(c)
+    (tmp_path / "k.ll").write_text(toolchain.llvm_ir(module))
+    triple = {"x86_64": "x86_64-unknown-linux-gnu", "aarch64": "aarch64-unknown-linux-gnu"}[c.arch]
+    toolchain.run([toolchain.llvm_tool("llc"), "-O3", f"-mtriple={triple}", f"-mcpu={c.llvm_cpu}",
+                   "-filetype=obj", str(tmp_path / "k.ll"), "-o", str(tmp_path / "k.o")])
+    asm, calls = _disassembly(tmp_path / "k.o"), toolchain.undefined_symbols(tmp_path / "k.o")
+    assert ("_ZGVeN16v_expf" in calls, "_ZGVdN8v_expf" in calls) == (c.vecmath == "avx512", c.vecmath == "avx2")
+    if c.arch == "x86_64":
+        assert ("%zmm" in asm) == (c.vector_bits == 512)
+    else:
+        assert "fmla" in asm and not any(s.startswith("_ZGV") for s in calls)
+
+
+def test_the_table_renders_deterministically() -> None:
+    from generator.render import render_cpus
+
+    entries = load_cpus(ROOT / "opdefs" / "cpus.yaml")
+    assert render_cpus(entries, "opdefs/cpus.yaml") == render_cpus(load_cpus(ROOT / "opdefs" / "cpus.yaml"),
+                                                                   "opdefs/cpus.yaml")
+    assert {e.name for e in entries} == set(TABLE)
+
+
+BASE = """\
+base-avx2:
+  doc: an AVX2 entry
+  arch: x86_64
+  llvm_cpu: x86-64-v3
+  features: [avx, avx2, fma]
+  vector: {bits: 256, registers: 16}
+  fma_units: 2
+  cache: {l1d: 32, l2: 256}
+  int8_dot: none
+  vecmath: avx2
+refined:
+  doc: a refinement
+  base: base-avx2
+  features: [avx512f]
+  vector: {bits: 512, registers: 32}
+  vecmath: avx512
+"""
+
+# (test id, [(old text of BASE, new text)], words the message must hold); `‸` marks where it points
+CPU_MISTAKES = [
+    ("unknown-key", [("  fma_units: 2\n", "  ‸fma_unit: 2\n")], "unknown key 'fma_unit'", "did you mean 'fma_units'"),
+    ("unknown-feature", [("[avx512f]", "[‸avx512]")], "'avx512' is not an x86_64 feature", "did you mean 'avx512f'"),
+    ("unknown-base", [("  base: base-avx2", "  base: ‸base-avx")], "unknown base 'base-avx'",
+     "did you mean 'base-avx2'"),
+    ("vecmath-needs-features", [("[avx512f]", "[]"), ("  vecmath: avx512", "  vecmath: ‸avx512")],
+     "vecmath 'avx512' needs the features ['avx512f']"),
+    ("vnni-needs-features", [("  int8_dot: none", "  int8_dot: ‸avx512_vnni")], "int8_dot 'avx512_vnni' needs"),
+    ("vector-bits", [("{bits: 512, registers: 32}", "{bits: 384, registers: 32}"), ("refined:", "‸refined:")],
+     "vector bits 384"),
+    ("missing-key", [("  cache: {l1d: 32, l2: 256}\n", ""), ("base-avx2:\n", "‸base-avx2:\n")], "lacks cache"),
+]
+
+
+@pytest.mark.parametrize(("case", "edits", "hints"), [(m[0], m[1], m[2:]) for m in CPU_MISTAKES],
+                         ids=[m[0] for m in CPU_MISTAKES])
+def test_table_mistakes_point_at_their_place(case: str, edits: list[tuple[str, str]], hints: tuple[str, ...],
+                                             tmp_path: Path) -> None:
+    marked = BASE
+    for old, new in edits:
+        assert marked.count(old) == 1, old
+        marked = marked.replace(old, new)
+    path = tmp_path / "cpus.yaml"
+    line, col = write(path, marked)
+    with pytest.raises(SpecError) as err:
+        load_cpus(path)
+    check_message(str(err.value), path, line, col, *hints)
+
+
+def test_a_base_cycle_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "cpus.yaml"
+    path.write_text(BASE.replace("refined:\n  doc: a refinement\n  base: base-avx2",
+                                 "refined:\n  doc: a refinement\n  base: refined"))
+    with pytest.raises(SpecError, match="is its own base"):
+        load_cpus(path)
