@@ -91,6 +91,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count  # noqa: E
 
 import torchtosa  # noqa: E402
 from torchtosa.capture.trace import capture  # noqa: E402
+from torchtosa.cpu import select  # noqa: E402
 from torchtosa.execute.native import NativeFunction  # noqa: E402
 from torchtosa.importer.graph import import_graph  # noqa: E402
 
@@ -98,6 +99,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peak import fma_peak_gflops  # noqa: E402
 
 Inputs = tuple[Any, ...]
+# What limits eager's kernels to an ISA, as on an AVX2 host (PyTorch, oneDNN, MKL): `make bench` under
+# them and TORCHTOSA_CPU=x86-64-v3 compares what an AVX2 machine would run.
+EAGER_ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 BATCH_S = 0.05  # target duration of one timing batch
 BACKEND_S = 60.0  # a backend slower than BACKEND_S / repeats per call gets fewer batches (at least 3)
 OPENMP_SETTLE_S = 0.25  # libiomp5 workers spin KMP_BLOCKTIME (200 ms by default) once idle
@@ -840,13 +844,15 @@ def main() -> int:
     env = {
         "date (UTC)": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
         "CPU": f"{cpu_model()}, {cpus} cores",
+        "torchtosa's CPU entry": select().describe() + " (opdefs/cpus.yaml; TORCHTOSA_CPU picks another)",
+        "eager's ISA limits": " ".join(f"{k}={os.environ[k]}" for k in EAGER_ISA_LIMITS if k in os.environ) or "none",
         "torch": torch.__version__,
         "IREE": iree or "not installed",
         "load average at start (1/5/15 min)": " / ".join(f"{x:.2f}" for x in loads),
         "command": f"`{command_line()}`",
-        "one core's f32 FMA peak": f"{fma_peak_gflops():.0f} GF/s (`scripts/peak.py`: independent vector FMAs, "
-                                   "no memory traffic, JIT-compiled like torchtosa's code): the ceiling of the GF/s "
-                                   "column on one thread",
+        "one core's f32 FMA peak": f"{fma_peak_gflops():.0f} GF/s (`scripts/peak.py` for the entry: independent "
+                                   "vector FMAs, no memory traffic, JIT-compiled like torchtosa's code): the ceiling "
+                                   "of the GF/s column on one thread",
         "timing": f"{args.warmup} warmup calls, median of {args.repeats} interleaved batches of ~{BATCH_S * 1e3:.0f} "
                   f"ms per backend; inductor cache {'default (warm)' if args.warm else 'fresh (cold compile)'}",
     }

@@ -32,6 +32,7 @@ from mlir import ir
 from ..errors import InvalidFile, ToolError, Unsupported
 from ..execute.native import TensorSpec
 from ..importer import target
+from ..lower import irutil
 from ..lower.irutil import find_ops
 from . import tosa_tools
 
@@ -292,7 +293,7 @@ def _program(text: str, path: Path) -> Program:
     """The Program of a module's text; names and dtype attributes move into the Program."""
     from ..importer.graph import Program
 
-    context = ir.Context()
+    context = irutil.context()
     with context, ir.Location.unknown():
         try:
             module = ir.Module.parse(portable_bools(text))

@@ -15,8 +15,10 @@ import importlib.metadata
 import math
 import operator
 import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import sympy
 import torch
@@ -28,6 +30,7 @@ from ..capture.symbolic import Bound, Size, evaluator, free_symbols, symbol_sour
 from ..cpu import Cpu, runnable, select
 from ..errors import CompileError, InputMismatch, Unsupported
 from ..lower.pipeline import Scratch, lower
+from . import toolchain
 
 # Element type of each supported dtype at the boundary, as the TOSA builder
 # (tosa.py) types it; bool is a byte holding 0 or 1.
@@ -111,10 +114,13 @@ class NativeFunction:
         if opt == "parallel":
             _load_openmp_runtime()
         progress.stage("LLVM code generation")
-        self._engine = _jit(self._module)
-        address = self._engine.raw_lookup("_mlir_ciface_" + name)
-        if not address:
-            raise CompileError(f"JIT could not link @{name} (unresolved symbols are reported on stderr)")
+        if self.cpu.native:
+            self._engine = _jit(self._module)
+            address = self._engine.raw_lookup("_mlir_ciface_" + name)
+            if not address:
+                raise CompileError(f"JIT could not link @{name} (unresolved symbols are reported on stderr)")
+        else:
+            self._library, address = _load(self._module, name, self.cpu)
         self._fn = _PACKED(address)
         self._layout = _FrameLayout([s.shape for s in self.inputs + self.outputs], scratch)
         self._free_frames: list[_Frame] = []
@@ -327,6 +333,61 @@ def _read_only(attrs: ir.DictAttr | None) -> ir.DictAttr:
     entries = {a.name: a.attr for a in (attrs[i] for i in range(len(attrs)))} if attrs else {}
     entries["bufferization.writable"] = ir.BoolAttr.get(False)
     return ir.DictAttr.get(entries)
+
+
+def _load(module: ir.Module, name: str, cpu: Cpu) -> tuple[ctypes.CDLL, int]:
+    """Compile an LLVM-dialect module for another entry of the CPU table than the host's, as
+    `export_library` does (`opt` and `llc` for the entry's CPU, then `cc -shared`), and load it:
+    the library, and the address of `@name`'s packed wrapper (the JIT's calling convention).
+
+    Not the JIT: its target machine is the host's, and functions compiled for a narrower CPU
+    within it (target-cpu attributes) were seen to compute wrong results (an int64 topk with
+    AVX2 code on an AVX-512 host) that the same code compiled by llc for that CPU does not.
+    """
+    with tempfile.TemporaryDirectory(prefix="torchtosa-cpu-") as tmp:
+        library = ctypes.CDLL(str(shared_object(module, name, cpu, Path(tmp))))  # mapped: the file may go
+    return library, ctypes.cast(getattr(library, PACKED_PREFIX + name), ctypes.c_void_p).value
+
+
+PACKED_PREFIX = "torchtosa_packed_"
+
+
+def shared_object(module: ir.Module, name: str, cpu: Cpu, work: Path) -> Path:
+    """`work`/kernel.so: an LLVM-dialect module compiled for `cpu` with a packed wrapper of
+    `@name` (`PACKED_PREFIX + name`), linked with the runtime libraries its code calls."""
+    _packed_wrapper(module, name, PACKED_PREFIX + name)
+    (work / "kernel.ll").write_text(toolchain.llvm_ir(module))
+    toolchain.optimize(work / "kernel.ll", work / "kernel.bc", cpu)
+    toolchain.compile_object(work / "kernel.bc", work / "kernel.o", cpu)
+    runtime = [_runner_utils()]
+    if any(s.startswith(("__kmpc_", "omp_")) for s in toolchain.undefined_symbols(work / "kernel.o")):
+        runtime.append(openmp_runtime())
+    link = [f for lib in runtime for f in (lib, f"-Wl,-rpath,{os.path.dirname(lib)}")]
+    toolchain.run([toolchain.c_compiler(), "-shared", "-o", "kernel.so", "kernel.o", *link, "-lmvec", "-lm"],
+                  cwd=work, what="link (cc)")
+    return work / "kernel.so"
+
+
+def _packed_wrapper(module: ir.Module, name: str, wrapper: str) -> None:
+    """Add `void wrapper(void **args)` calling `_mlir_ciface_<name>` with `*args[i]`, as the JIT's
+    packed wrappers do, compiled for the same CPU."""
+    ciface = next(op for op in module.body.operations if op.operation.name == "llvm.func"
+                  and ir.StringAttr(op.attributes["sym_name"]).value == f"_mlir_ciface_{name}")
+    n = len(ciface.regions[0].blocks[0].arguments)
+    target = "".join(f", {key} = {ciface.attributes[key]}" for key in ("target_cpu", "target_features")
+                     if key in ciface.attributes)
+    lines = [f"llvm.func @{wrapper}(%args: !llvm.ptr) attributes {{sym_visibility = \"public\"{target}}} {{"]
+    for i in range(n):
+        lines += [f"  %p{i} = llvm.getelementptr %args[{i}] : (!llvm.ptr) -> !llvm.ptr, !llvm.ptr",
+                  f"  %a{i} = llvm.load %p{i} : !llvm.ptr -> !llvm.ptr",
+                  f"  %d{i} = llvm.load %a{i} : !llvm.ptr -> !llvm.ptr"]
+    operands, types = ", ".join(f"%d{i}" for i in range(n)), ", ".join(["!llvm.ptr"] * n)
+    lines += [f"  llvm.call @_mlir_ciface_{name}({operands}) : ({types}) -> ()", "  llvm.return", "}",
+              f"llvm.func @_mlir_ciface_{name}({types})"]  # declared for the parser only
+    parsed = ir.Module.parse("\n".join(lines), context=module.context)
+    op = parsed.body.operations[0]
+    op.detach_from_parent()
+    module.body.append(op)
 
 
 def _jit(module: ir.Module) -> ExecutionEngine:

@@ -20,6 +20,7 @@ from mlir.passmanager import PassManager
 from ..capture import symbolic
 from ..errors import InvalidInput, LoweringError, TorchTosaError, Unsupported
 from ..execute.native import TensorSpec
+from ..lower import irutil
 from . import target
 from .registry import registry
 from .support import is_size, schema_arguments, used_results
@@ -161,7 +162,7 @@ def build_function(name: str, inputs: list[TensorSpec], body: Callable[[list[Ten
     """A module with one func.func whose body `body` emits from the arguments' tensors.
 
     Inside `body`, `symbolic.current()` knows which argument dim each size symbol is."""
-    context = ir.Context()
+    context = irutil.context()
     with context, ir.Location.unknown():
         module = ir.Module.create()
         with ir.InsertionPoint(module.body):

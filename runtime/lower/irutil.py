@@ -7,6 +7,17 @@ from collections.abc import Callable
 from mlir import ir
 from mlir.passmanager import PassManager
 
+# The dialects torchtosa builds ops of from Python (importer, schedule, rewrites): loaded when a
+# context is made. The parser and the passes load what else they need (the transform dialect,
+# 12 ms of the 20 it takes to load all ~60 registered ones, only when a schedule is parsed).
+DIALECTS = ("builtin", "func", "tosa", "arith", "tensor", "math", "linalg", "scf", "memref", "vector",
+            "bufferization", "affine", "llvm", "cf", "ub", "complex")
+
+
+def context() -> ir.Context:
+    """A new MLIR context with `DIALECTS` loaded."""
+    return ir.Context(load_on_create_dialects=list(DIALECTS))
+
 
 def find_ops(root: ir.Module | ir.Operation, predicate: Callable[[ir.Operation], bool]) -> list[ir.Operation]:
     """The ops nested in `root` (pre-order) for which `predicate` holds: collected first, so

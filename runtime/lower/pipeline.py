@@ -210,30 +210,18 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
     return scratch
 
 
-_INLINING = ('"alwaysinline"', '"noinline"')
-
-
 def target(module: ir.Module, cpu: Cpu) -> None:
-    """Make the LLVM functions of `module` compile for `cpu`'s LLVM CPU, unless `cpu` is the
-    host's entry (then LLVM generates for the host, every feature it detects, as `-mcpu=native`).
-
-    A function's `target-cpu` and (empty) `target-features` replace what the JIT's target
-    machine was made for (the host). The C-interface wrappers are not inlined: the JIT wraps each
-    in a packed function of its own, compiled for the host, which would otherwise take the body.
-    """
+    """Mark the LLVM functions of `module` as code for `cpu`'s LLVM CPU (`target-cpu`, and empty
+    `target-features`: the CPU's own), unless `cpu` is the host's entry: then LLVM generates for
+    the host, every feature it detects, as `-mcpu=native`. Such code is compiled by `llc` for that
+    CPU (`execute.native._load`, `export_library`), not by the JIT, whose target machine is the host's."""
     if cpu.native:
         return
     with module.context:
         for op in module.body.operations:
-            if op.operation.name != "llvm.func" or not op.regions[0].blocks:
-                continue
-            op.attributes["target_cpu"] = ir.StringAttr.get(cpu.llvm_cpu)
-            op.attributes["target_features"] = ir.Attribute.parse("#llvm.target_features<[]>")
-            name = ir.StringAttr(op.attributes["sym_name"]).value
-            if name.startswith("_mlir_ciface_"):  # (it inherited its function's alwaysinline)
-                kept = [a for a in ir.ArrayAttr(op.attributes["passthrough"]) if str(a) not in _INLINING] \
-                    if "passthrough" in op.attributes else []
-                op.attributes["passthrough"] = ir.ArrayAttr.get([*kept, ir.StringAttr.get("noinline")])
+            if op.operation.name == "llvm.func" and op.regions[0].blocks:
+                op.attributes["target_cpu"] = ir.StringAttr.get(cpu.llvm_cpu)
+                op.attributes["target_features"] = ir.Attribute.parse("#llvm.target_features<[]>")
 
 
 def _dynamic_shapes(module: ir.Module) -> bool:

@@ -28,7 +28,7 @@ from mlir.passmanager import PassManager
 from mlir.runtime import get_ranked_memref_descriptor
 
 from ..cpu import Cpu
-from .irutil import find_ops
+from .irutil import context, find_ops
 
 # math op -> libmvec base name (float variant appends "f")
 FUNCTIONS = {
@@ -92,7 +92,7 @@ def _probe(width: int, variant: str) -> bool:
       vector.store %r, %b[%c0] : memref<{n}xf{width}>, {t}
       return
     }}"""
-    with ir.Context():
+    with context():
         module = ir.Module.parse(src)
         PassManager.parse("builtin.module(convert-vector-to-llvm,finalize-memref-to-llvm,convert-arith-to-llvm,"
                           "convert-func-to-llvm,reconcile-unrealized-casts)").run(module.operation)
