@@ -17,7 +17,7 @@ VELA_VERSION := 5.2.0
 VELA   := .vela
 VELA_STAMP := $(VELA)/.installed-$(VELA_VERSION)
 
-.PHONY: all setup tosa-tools vela vela-report gen demo test test-avx2 lint bench coverage corpus fuzz reference clean
+.PHONY: all setup tosa-tools vela cross-tools vela-report gen demo test test-avx2 lint bench coverage corpus fuzz reference clean
 
 all: test
 
@@ -54,6 +54,19 @@ $(VELA_STAMP):
 
 vela: $(VELA_STAMP)
 
+# Debian's aarch64 cross compiler and qemu-user: export_library(cpu="neoverse-n1") links with the
+# one, tests/test_cross.py runs the libraries under the other. As root, or through sudo.
+CROSS_TOOLS := aarch64-linux-gnu-gcc qemu-aarch64
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+HAVE_CROSS_TOOLS := for t in $(CROSS_TOOLS); do command -v $$t >/dev/null || exit 1; done
+
+cross-tools:
+	@( $(HAVE_CROSS_TOOLS) ) || { \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user >/dev/null && \
+	  ( $(HAVE_CROSS_TOOLS) ); }
+
 $(GEN): $(STAMP) $(SPECS)
 	$(PY) -m generator
 
@@ -67,14 +80,14 @@ lint: $(GEN)
 	$(PY) -m ruff check generator runtime tests scripts
 	$(PY) -m generator --check
 
-test: lint $(TOOLS_STAMP) $(VELA_STAMP)
+test: lint $(TOOLS_STAMP) $(VELA_STAMP) cross-tools
 	$(PY) -m pytest -q -n auto -p no:cacheprovider tests
 
 # The suite as an AVX2-only host (Zen 3) sees it, on any x86-64 host: eager's kernels limited to
 # AVX2 (PyTorch, oneDNN, MKL) and native code for the CPU table's x86-64-v3 (opdefs/cpus.yaml).
 AVX2_ONLY := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 TORCHTOSA_CPU=x86-64-v3
 
-test-avx2: lint $(TOOLS_STAMP) $(VELA_STAMP)
+test-avx2: lint $(TOOLS_STAMP) $(VELA_STAMP) cross-tools
 	$(AVX2_ONLY) $(PY) -m pytest -q -n auto -p no:cacheprovider tests
 
 bench: $(GEN)

@@ -34,6 +34,7 @@ import torch
 
 from . import api, vela
 from .artifacts import tosa_files
+from .cpu import Cpu, select
 from .errors import InputMismatch, TorchTosaError
 from .execute import library, toolchain
 from .execute.native import _prepare
@@ -109,6 +110,8 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--target", help="TOSA target, passed to torchtosa.to_tosa(target=...)")
     export.add_argument("--freeze", action="store_true", help="passed to torchtosa.to_tosa(freeze=True)")
     export.add_argument("--name", help="prefix of the library's C names (default: the file name's stem)")
+    export.add_argument("--cpu", help="the entry of the CPU table (opdefs/cpus.yaml) to compile for (llvm, so): "
+                        "default $TORCHTOSA_CPU or this machine's; aarch64 ones cross-compile")
     export.add_argument("--vela", nargs="?", const=vela.ACCELERATOR, metavar="ACCELERATOR",
                         help="with --emit tosa: compile the file with Arm's Vela (`make vela`) for ACCELERATOR "
                         f"(default {vela.ACCELERATOR}) and print its estimate")
@@ -127,6 +130,12 @@ def _export(args: argparse.Namespace) -> int:
         raise UsageError(f"--emit tosa: -o must name a .tosa file, not {args.output!r}")
     if args.vela and args.emit != "tosa":
         raise UsageError("--vela compiles the TOSA flatbuffer: use it with --emit tosa")
+    if args.cpu is not None and args.emit not in ("llvm", "so"):
+        raise UsageError("--cpu picks the CPU native code is compiled for: use it with --emit llvm or so")
+    try:
+        cpu = select(args.cpu)
+    except ValueError as e:
+        raise UsageError(f"--cpu: {e}") from None
     inputs = [parse_input(spec, i) for i, spec in enumerate(args.input)]
     fn = load_callable(args.target_fn)
     exported = isinstance(fn, torch.export.ExportedProgram)
@@ -165,23 +174,23 @@ def _export(args: argparse.Namespace) -> int:
         if args.vela:
             print(progress.run("vela", lambda: vela.compile(args.output, accelerator=args.vela)).summary())
     elif args.emit in ("linalg", "llvm"):
-        _write(args.output, lowered(program, args.opt, args.emit, progress.stage))
+        _write(args.output, lowered(program, args.opt, args.emit, progress.stage, cpu))
     else:
         names = program.input_names[len(constants):]  # the function's parameter names (capture gives them)
         lib = library.build(program, constants, args.output, opt=args.opt, name=args.name, input_names=names,
                             output_names=outputs, source=f"{args.target_fn} ({library.describe(fn)})",
-                            on_stage=progress.stage)
+                            on_stage=progress.stage, cpu=cpu)
         for file in (lib.path, lib.header, *lib.files):
             print(f"wrote {file}", file=sys.stderr)
     progress.total()
     return 0
 
 
-def lowered(program: Any, opt: str, emit: str, on_stage: Callable[[str, float], None]) -> str:
+def lowered(program: Any, opt: str, emit: str, on_stage: Callable[[str, float], None], cpu: Cpu) -> str:
     """The program's IR after the tosa-to-linalg stages (`emit="linalg"`: linalg on tensors,
-    before scheduling and bufferization) or as LLVM IR (`emit="llvm"`)."""
+    before scheduling and bufferization) or as LLVM IR (`emit="llvm"`), for `cpu`."""
     module = _prepare(program.module, program.name, tuple(program.inputs), tuple(program.outputs))
-    lower(module, opt, stop_before="unit-dims" if emit == "linalg" else None, on_stage=on_stage)
+    lower(module, opt, stop_before="unit-dims" if emit == "linalg" else None, on_stage=on_stage, cpu=cpu)
     if emit == "linalg":
         return str(module)
     start = time.perf_counter()

@@ -60,7 +60,10 @@ def export_library(fn: Callable | torch.nn.Module | torch.export.ExportedProgram
     the OpenMP runtime `libiomp5.so`, copied next to it. `name` (default: the file's stem
     without "lib") prefixes the C names; keyword arguments are `fn`'s, as for `to_tosa`. `cpu`
     names the entry of the CPU table (opdefs/cpus.yaml) the code is for: by default
-    $TORCHTOSA_CPU, else this machine's; any x86-64 entry, whether this machine runs it or not.
+    $TORCHTOSA_CPU, else this machine's; any entry, whether this machine runs it or not. An
+    entry of another architecture (aarch64: "neoverse-n1", "cortex-a76", "neoverse-v1") is
+    cross-compiled, linked by its cross C compiler (Debian's gcc-aarch64-linux-gnu; `make
+    cross-tools` installs it), without opt="parallel" (the OpenMP runtime is x86-64's).
     """
     check_opt(opt)
     if not isinstance(fn, torch.export.ExportedProgram):
@@ -91,9 +94,9 @@ def build(program: Program, constants: Sequence[torch.Tensor], path: str | Path,
     compile, link. `cpu`: the entry of the CPU table to compile for (by default `cpu.select()`)."""
     check_opt(opt)
     cpu = cpu or select()
-    if cpu.arch != host_arch():
-        raise Unsupported(f"export_library builds for this machine's architecture ({host_arch()}); "
-                          f"CPU {cpu.name!r} is {cpu.arch}")
+    if cpu.arch != host_arch() and opt == "parallel":
+        raise Unsupported(f"export_library for {cpu.name} ({cpu.arch}): opt='parallel' needs the OpenMP runtime "
+                          f"of the intel-openmp package, which is {host_arch()}'s; use opt='default'")
     path = Path(path)
     if path.suffix != ".so":
         raise ValueError(f"a shared library's path ends in .so, not {path.name!r}")
@@ -137,7 +140,7 @@ def build(program: Program, constants: Sequence[torch.Tensor], path: str | Path,
             sources.append("constants.S")
         (work / "glue.c").write_text(cabi.glue(iface, header_file, symbol))
         (work / "exports.map").write_text(cabi.version_script(iface))
-        toolchain.run([toolchain.c_compiler(), "-shared", "-fPIC", "-O2", "-std=c11", "-Wall", "-o", path.name,
+        toolchain.run([toolchain.c_compiler(cpu), "-shared", "-fPIC", "-O2", "-std=c11", "-Wall", "-o", path.name,
                        *sources, "-Wl,--version-script=exports.map", f"-Wl,-soname,{path.name}",
                        "-Wl,--no-undefined", "-Wl,-z,noexecstack", *link], cwd=work, what="link (cc)")
         clock("link (cc)")

@@ -16,7 +16,7 @@ from pathlib import Path
 from mlir import ir
 from mlir.dialects import llvm
 
-from ..cpu import Cpu
+from ..cpu import Cpu, host_arch
 from ..errors import CompileError
 
 TIMEOUT = 900  # seconds for one tool run (llc on a large model takes a minute)
@@ -43,12 +43,22 @@ def llvm_tool(name: str) -> str:
     return str(path)
 
 
-def c_compiler() -> str:
-    """The system C compiler: $CC, else `cc`."""
-    name = os.environ.get("CC") or "cc"
+TRIPLES = {"x86_64": "x86_64-unknown-linux-gnu", "aarch64": "aarch64-unknown-linux-gnu"}
+# The C cross compiler of each architecture other than the host's (Debian's gcc-<arch>-linux-gnu)
+CROSS_COMPILERS = {"x86_64": "x86_64-linux-gnu-gcc", "aarch64": "aarch64-linux-gnu-gcc"}
+
+
+def c_compiler(cpu: Cpu | None = None) -> str:
+    """The C compiler for code of `cpu`'s architecture: $CC (else `cc`) for this machine's, else
+    the cross compiler `CROSS_COMPILERS` names ($CC_<arch> overrides it)."""
+    arch = cpu.arch if cpu is not None else host_arch()
+    cross = arch != host_arch()
+    name = os.environ.get(f"CC_{arch}" if cross else "CC") or (CROSS_COMPILERS[arch] if cross else "cc")
     found = shutil.which(name)
     if found is None:
-        raise CompileError(f"no C compiler {name!r} on PATH: install one (gcc or clang) or set CC")
+        hint = f"install Debian's gcc-{arch.replace('_', '-')}-linux-gnu" if cross else "install one (gcc or clang)"
+        raise CompileError(f"no C compiler {name!r} on PATH for {arch} code: {hint} or set "
+                           f"{'CC_' + arch if cross else 'CC'}")
     return found
 
 
@@ -67,21 +77,25 @@ def run(command: Sequence[str], cwd: str | Path | None = None, what: str | None 
     return done.stdout
 
 
-def mcpu(cpu: Cpu) -> str:
-    """LLVM's -mcpu for an entry of the CPU table: "native" for the host's (every feature LLVM
-    detects, as the JIT compiles), else the entry's LLVM CPU."""
-    return "-mcpu=native" if cpu.native else f"-mcpu={cpu.llvm_cpu}"
+def target_flags(cpu: Cpu) -> list[str]:
+    """LLVM's target options for an entry of the CPU table: -mcpu=native for the host's (every
+    feature LLVM detects, as the JIT compiles), else the entry's LLVM CPU, and its triple when
+    its architecture is not this machine's."""
+    if cpu.native:
+        return ["-mcpu=native"]
+    triple = [f"-mtriple={TRIPLES[cpu.arch]}"] if cpu.arch != host_arch() else []
+    return [*triple, f"-mcpu={cpu.llvm_cpu}"]
 
 
 def optimize(ir_file: Path, out: Path, cpu: Cpu) -> None:
     """LLVM's -O3 pipeline for `cpu`, as MLIR's JIT runs it (bitcode out)."""
-    run([llvm_tool("opt"), "-O3", mcpu(cpu), str(ir_file), "-o", str(out)], what="opt")
+    run([llvm_tool("opt"), "-O3", *target_flags(cpu), str(ir_file), "-o", str(out)], what="opt")
 
 
 def compile_object(bitcode: Path, out: Path, cpu: Cpu) -> None:
     """Position-independent machine code for `cpu` (its vector registers and instructions, as the
     JIT uses them: vector math calls pass registers of the width its entry's libmvec variant has)."""
-    run([llvm_tool("llc"), "-O3", mcpu(cpu), "-relocation-model=pic", "-filetype=obj",
+    run([llvm_tool("llc"), "-O3", *target_flags(cpu), "-relocation-model=pic", "-filetype=obj",
          str(bitcode), "-o", str(out)], what="llc")
 
 
