@@ -131,6 +131,14 @@ def test_emit_lowered(in_workdir: Path, capsys: pytest.CaptureFixture[str], emit
         assert stages(err)[-2] == "translate to LLVM IR"
 
 
+def test_emit_llvm_for_another_cpu(in_workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--cpu: LLVM IR whose functions are marked for that entry's CPU (aarch64's Neoverse N1 here)."""
+    status = cli.main(["export", "models:axpy", "--input", "3x5:f32", "--input", "5:f32", "--emit", "llvm",
+                       "--cpu", "neoverse-n1", "-o", "axpy.ll"])
+    assert status == 0, capsys.readouterr().err
+    assert '"target-cpu"="neoverse-n1"' in (in_workdir / "axpy.ll").read_text()
+
+
 def test_emit_tosa(in_workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A TOSA flatbuffer (Program.save) of the frozen model, for the target asked for."""
     status = cli.main(["export", "models:tagger", "--input", "2x16:f32", "--input", "2:i64:0..100",
@@ -154,6 +162,8 @@ def test_emit_tosa(in_workdir: Path, capsys: pytest.CaptureFixture[str]) -> None
     (["models:axpy", "--input", "3:f32", "--emit", "so", "-o", "x.dll"], "must name a .so file"),
     (["models:axpy", "--emit", "mlir"], "give the model's inputs with --input"),
     (["models:axpy", "--input", "3:f32", "--emit", "wasm"], "invalid choice: 'wasm'"),
+    (["models:axpy", "--input", "3:f32", "--emit", "llvm", "--cpu", "pentium"], "--cpu: unknown CPU 'pentium'"),
+    (["models:axpy", "--input", "3:f32", "--emit", "mlir", "--cpu", "zen4"], "use it with --emit llvm or so"),
 ])
 def test_usage_errors(in_workdir: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
     assert cli.main(["export", *args]) == 2
