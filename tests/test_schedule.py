@@ -368,3 +368,31 @@ def test_split_prologues_on_random_shapes(seed: int) -> None:
         (_rotary_scores, (torch.randn(b, h, m, k), torch.randn(m, k), torch.randn(m, k), torch.randn(b, h, n, k))),
     ][seed % 3]
     torch.testing.assert_close(torchtosa.compile(fn, *args)(*args), fn(*args), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("opt", ["default", "parallel"])
+@pytest.mark.parametrize(("name", "in_features", "shape"), [("row", 256, (1, 256)), ("token", 64, (1, 1, 64)),
+                                                            ("odd_k", 30, (1, 30))])
+def test_vector_matrix_products_read_the_weight_as_dot_products(name: str, in_features: int, shape: tuple[int, ...],
+                                                                 opt: str) -> None:
+    """One row times nn.Linear's weight (a decoding step): the weight is read as stored, rows
+    along k, as dot products with vector partial sums, never transposed; where k is not whole
+    vectors, the packed panels stay. Both agree with eager."""
+    linear = nn.Linear(in_features, 40).eval()
+    x = torch.randn(*shape)
+    ops = _ops(_linalg(linear, x, opt=opt, stop_before="bufferize"))
+    dot = in_features % derive(select()).lanes == 0
+    assert ("vector.multi_reduction" in ops or "vector.reduction" in ops) == dot  # partial sums summed across lanes
+    assert "linalg.transpose" not in ops
+    with torch.no_grad():
+        torch.testing.assert_close(torchtosa.compile(linear, x, opt=opt)(x), linear(x), rtol=1e-5, atol=1e-5)
+
+
+def test_one_query_attention_scores_are_dot_products() -> None:
+    """q @ k^T for one query reads k as stored (the KV cache), as dot products."""
+    def scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return q @ k.transpose(-1, -2)
+
+    q, k = torch.randn(2, 4, 1, 64), torch.randn(2, 4, 10, 64)
+    assert "linalg.transpose" not in _ops(_linalg(scores, q, k, stop_before="bufferize"))
+    torch.testing.assert_close(torchtosa.compile(scores, q, k)(q, k), scores(q, k), rtol=1e-5, atol=1e-5)

@@ -17,6 +17,11 @@ register tiles sized to its vector register file, vector widths from its lanes).
   panel (transposing nn.Linear's weight, or copying) into one small contiguous buffer, then
   the contraction with it (`pack_panels`). With opt="parallel" that loop is an scf.forall for
   large contractions (and batch contractions from SPLIT_MIN_MACS), run by OpenMP threads.
+- A contraction of one row whose second operand is a transpose of a tensor stored along k (a
+  decoding step's nn.Linear, attention's q @ k^T for one query) reads that tensor directly, as
+  dot products (`_dot_form`): a register tile of `Tiles.dot` output columns x a chunk of k,
+  vector accumulators carried through the k loop and summed across lanes once
+  (`tile_reduction_using_for`). Packing would transpose the whole weight at every call.
 - 2-D convolutions (NHWC) get the same register tile over (output column, output channel); each
   tile, one output row and one filter tap, is decomposed into a 1-D convolution and vectorized.
   1x1 convolutions are matmuls by now, and depthwise ones of multiplier 1 have lost the
@@ -67,6 +72,7 @@ _DECOMPOSED = (_CONV, _DEPTHWISE)  # tiled by one output row and filter tap, the
 _WINDOWED = ("linalg.pooling_nhwc_max", "linalg.pooling_nhwc_min", "linalg.pooling_nhwc_sum",
              "linalg.depthwise_conv_2d_nhwc_hwc", "linalg.depthwise_conv_2d_nhwc_hwcm")
 _WINDOW = "window"
+_DOT = "dot"  # a vector-matrix product in dot form (`_dot_form`)
 PARALLEL_MIN_MACS = 1 << 24  # smaller contractions stay on the calling thread (4M was no faster)
 # Smaller ops stay on the calling thread: convolutions and batch or unpacked contractions (in
 # multiply-adds), other ops (in loop iterations: elementwise ops, reductions, transposes). On the
@@ -152,7 +158,8 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
     groups: dict[Key, list[ir.Operation]] = {}
     for op, tiling in plans(module, tiles):
         split = thread_split(op, tiling, chunks)
-        groups.setdefault((op.name if op.name in _DECOMPOSED else "", *tiling, split), []).append(op)
+        kind = op.name if op.name in _DECOMPOSED else _DOT if _dot_loops(op) is not None else ""
+        groups.setdefault((kind, *tiling, split), []).append(op)
     planned = {op.operation for ops in groups.values() for op in ops}  # depthwise ones `plan` tiles
     for op in find_ops(module, lambda op: op.name in _WINDOWED and op.operation not in planned):
         split = _window_split(op, chunks)
@@ -208,10 +215,79 @@ def pack_panels(module: ir.Module, parallel: bool = False, tiles: Tiles | None =
             loops = _loop_sizes(op)
             if loops[-2] is None:
                 continue  # a dynamic column count: its last panel would be partial
+            transposed = _dot_source(op, loops, tiles)
+            if transposed is not None:
+                _dot_form(op, transposed)
+                continue
             source = _panel_source(op, loops, sizes)
             if source is not None:
                 forall = parallel and threads() > 1 and _parallel_worth(loops, _CONTRACTIONS[op.name])
                 _column_panels(op, source, sizes[-2], forall)
+
+
+def _dot_source(op: ir.Operation, loops: tuple[Extent, ...], tiles: Tiles) -> ir.Operation | None:
+    """The transpose producing a named f32 contraction's second operand, if the contraction has
+    one row (m = 1), static columns and k, the transpose's input is stored along k and a whole
+    number of `Tiles.dot` chunks long in k: the contraction is then better read as dot products."""
+    m = _CONTRACTIONS[op.name]
+    rhs = op.operands[1]
+    producer = rhs.owner if isinstance(rhs, ir.OpResult) else None
+    if (loops[m] != 1 or None in loops[m:] or producer is None or producer.name != "linalg.transpose"
+            or len(list(rhs.uses)) != 1 or not isinstance(ir.RankedTensorType(rhs.type).element_type, ir.F32Type)):
+        return None
+    perm = list(ir.DenseI64ArrayAttr(producer.attributes["permutation"]))
+    if perm[-2] != len(perm) - 1 or loops[-1] % tiles.lanes:
+        return None  # the source's innermost dimension is not k, or k is not whole vectors
+    return producer.operation
+
+
+def _dot_form(op: ir.Operation, transpose: ir.Operation) -> None:
+    """Replace contraction `op` by a generic reading `transpose`'s input in its own order (k its
+    innermost dimension): loops (batch..., m, n, k), its product and sum contractible into FMAs."""
+    batch = _CONTRACTIONS[op.name]
+    lhs, _, init = list(op.operands)[:3]
+    source = transpose.operands[0]
+    perm = list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"]))
+    m, n, k = batch, batch + 1, batch + 2
+    rhs_loops = [*range(batch), k, n]  # the loop of each dimension of the contraction's second operand
+    source_loops = [rhs_loops[perm.index(d)] for d in range(len(perm))]
+    rank = batch + 3
+    maps = [[*range(batch), m, k], source_loops, [*range(batch), m, n]]
+    element = ir.RankedTensorType(init.type).element_type
+    with ir.InsertionPoint(op), op.location:
+        attr = ir.ArrayAttr.get([ir.AffineMapAttr.get(ir.AffineMap.get(rank, 0, [ir.AffineDimExpr.get(d)
+                                                                                  for d in dims])) for dims in maps])
+        kinds = [ir.Attribute.parse(f"#linalg.iterator_type<{'reduction' if d == k else 'parallel'}>")
+                 for d in range(rank)]
+        generic = linalg.GenericOp([init.type], [lhs, source], [init], attr, ir.ArrayAttr.get(kinds))
+        body = generic.regions[0].blocks.append(element, element, element)
+        contract = ir.Attribute.parse("#arith.fastmath<contract>")
+        with ir.InsertionPoint(body):
+            product = arith.MulFOp(body.arguments[0], body.arguments[1], fastmath=contract).result
+            linalg.YieldOp([arith.AddFOp(body.arguments[2], product, fastmath=contract).result])
+    op.results[0].replace_all_uses_with(generic.results[0])
+    op.erase()
+    transpose.erase()
+
+
+def _dot_loops(op: ir.Operation) -> tuple[int, int] | None:
+    """The (n, k) loops of a vector-matrix product in dot form (`_dot_form`'s generics: every
+    input read along the one reduction loop k, the innermost; the output one row), else None."""
+    if _sum_of_products(op) is None:
+        return None
+    maps = _map_dims(op)
+    rank = len(ir.ArrayAttr(op.attributes["iterator_types"]))
+    k = rank - 1
+    kinds = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+    if sum("reduction" in kind for kind in kinds) != 1 or "reduction" not in kinds[k]:
+        return None
+    out = maps[-1]
+    if out != list(range(rank - 1)) or len(out) < 2 or any(dims[-1] != k for dims in maps[:-1]):
+        return None
+    sizes = _loop_sizes(op)
+    if sizes is None or sizes[out[-2]] != 1 or None in sizes[out[-2]:]:
+        return None
+    return out[-1], k
 
 
 def _parallel_worth(loops: tuple[Extent, ...], batch: int) -> bool:
@@ -433,6 +509,12 @@ def plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
         sizes = (1, 1, _divisor(ow, t.depthwise[0]), _lanes_divisor(c, t.depthwise[1], t.lanes), 1, 1)
         return sizes, tuple(order), (), ()
     sizes = [1] * len(loops)
+    dot = _dot_loops(op)
+    if dot is not None and loops[dot[1]] % t.lanes == 0:
+        n, k = dot
+        sizes[n] = _divisor(loops[n], t.dot[0])
+        sizes[k] = _divisor(loops[k] // t.lanes, t.dot[1] // t.lanes) * t.lanes
+        return tuple(sizes), tuple(order), (), ()
     mn = _matmul_loops(op)
     if mn is not None:  # reduction step 1: the k loop keeps tile 1
         m, n = mn
@@ -906,6 +988,9 @@ def _script(groups: dict[Key, list[ir.Operation]], tiles: Tiles) -> str:
             continue
         results = ", ".join([any_op] * (1 + len(sizes)))
         target = f"%ops{i}"
+        if kind == _DOT:
+            lines += _dot_lines(i, sizes, split)
+            continue
         if kind == _CONV:  # filter to HWCF, then each tile (one output row, one filter tap) is a 1-D conv
             lines.append(f"  %ops{i}_hwcf = transform.structured.transpose_conv2d %ops{i} : ({any_op}) -> {any_op}")
             target = f"%ops{i}_hwcf"
@@ -936,6 +1021,29 @@ def _script(groups: dict[Key, list[ir.Operation]], tiles: Tiles) -> str:
     lines += [f"  transform.foreach %funcs : {any_op} {{", f"  ^bb0(%func: {any_op}):", lowering, "  }"]
     lines += ["  transform.yield", "}", "}"]
     return "\n".join(lines)
+
+
+def _dot_lines(i: int, sizes: tuple[int, ...], split: tuple[int, ...]) -> list[str]:
+    """Transform-script lines for group `i` of vector-matrix products in dot form: tiled over
+    its output (by thread chunks first if `split`), then its k loop split into vector chunks whose
+    partial sums stay in registers (`tile_reduction_using_for`), all three parts vectorized."""
+    any_op = "!transform.any_op"
+    lines, target = [], f"%ops{i}"
+    if split:
+        loop, chunk = split
+        chunks = ", ".join(str(chunk if d == loop else 0) for d in range(len(sizes)))
+        lines.append(f"  %chunk{i}, %forall{i} = transform.structured.tile_using_forall {target}"
+                     f" tile_sizes [{chunks}] : ({any_op}) -> ({any_op}, {any_op})")
+        target = f"%chunk{i}"
+    outer = [*sizes[:-1], 0]
+    results = ", ".join([any_op] * (1 + sum(1 for s in outer if s)))
+    lines.append(f"  %tiled{i}, %loops{i}:{sum(1 for s in outer if s)} = transform.structured.tile_using_for "
+                 f"{target} tile_sizes [{', '.join(map(str, outer))}] : ({any_op}) -> ({results})")
+    inner = ", ".join(str(sizes[-1] if d == len(sizes) - 1 else 0) for d in range(len(sizes)))
+    lines.append(f"  %fill{i}, %part{i}, %sum{i}, %kloop{i} = transform.structured.tile_reduction_using_for "
+                 f"%tiled{i} by tile_sizes = [{inner}] : ({any_op}) -> ({any_op}, {any_op}, {any_op}, {any_op})")
+    lines += [f"  transform.structured.vectorize %{part}{i} : {any_op}" for part in ("fill", "part", "sum")]
+    return lines
 
 
 class _Remainders:
