@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from mlir import ir
 from mlir.dialects import arith, linalg, scf, tensor
@@ -621,8 +621,11 @@ def _collapse_reductions(op: ir.Operation) -> None:
             inputs.append(value)
             dims.append([renumber[d] for d in operand_dims])
     kept = ir.ArrayAttr.get([a for d, a in enumerate(ir.ArrayAttr(op.attributes["iterator_types"])) if d not in merged])
-    mul, add = list(op.regions[0].blocks[0].operations)[:2]
-    _replace_with_contraction(op, inputs, dims, mul.name, add.name, [renumber[d] for d in maps[-1]], kept)
+    block = op.regions[0].blocks[0]
+    mul, add = list(block.operations)[:2]
+    # x * x (a sum of squares: rms_norm) reads one input twice; a factor may also be a value from above
+    factors = [_input_argument(v, block) if _input_argument(v, block) is not None else v for v in mul.operands]
+    _replace_with_contraction(op, inputs, dims, mul.name, add.name, [renumber[d] for d in maps[-1]], kept, factors)
 
 
 def _input_argument(value: ir.Value, block: ir.Block) -> int | None:
@@ -701,10 +704,12 @@ _ARITH = {"arith.mulf": arith.MulFOp, "arith.muli": arith.MulIOp,
 
 def _replace_with_contraction(op: ir.Operation, inputs: list[ir.Value], dims: list[list[int]],
                               mul: str, add: str, out_dims: list[int] | None = None,
-                              iterators: ir.ArrayAttr | None = None) -> None:
-    """Replace generic contraction `op` by `out + x * y` of the tensors `inputs` (x, y) read
-    along the loops `dims`, the output along `out_dims`, over the loops `iterators` (by default
-    `op`'s own)."""
+                              iterators: ir.ArrayAttr | None = None,
+                              factors: Sequence[int | ir.Value] = (0, 1)) -> None:
+    """Replace generic contraction `op` by `out + x * y` of the tensors `inputs` read along the
+    loops `dims`, the output along `out_dims`, over the loops `iterators` (by default `op`'s
+    own). x and y are `factors`: an input's position (by default the first two), or a value
+    defined above the op."""
     maps = _map_dims(op)
     iterators = iterators or op.attributes["iterator_types"]
     n_loops = len(ir.ArrayAttr(iterators))
@@ -716,8 +721,9 @@ def _replace_with_contraction(op: ir.Operation, inputs: list[ir.Value], dims: li
         types = [ir.RankedTensorType(v.type).element_type for v in [*inputs, init]]
         body = generic.regions[0].blocks.append(*types)
         with ir.InsertionPoint(body):
-            product = _ARITH[mul](body.arguments[0], body.arguments[1]).result
-            linalg.YieldOp([_ARITH[add](body.arguments[2], product).result])
+            x, y = (body.arguments[f] if isinstance(f, int) else f for f in factors)
+            product = _ARITH[mul](x, y).result
+            linalg.YieldOp([_ARITH[add](body.arguments[len(inputs)], product).result])
     op.results[0].replace_all_uses_with(generic.results[0])
     op.erase()
 
