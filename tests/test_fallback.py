@@ -293,3 +293,35 @@ def test_ops_left_to_pytorch_say_why_from_the_eager_table() -> None:
         c = torchtosa.compile(noisy, x)
     torch.testing.assert_close(c(x), x * 2 + 1)
     assert "opdefs/eager.yaml:" in eager_ops(c.explain())["aten.rand.default"]
+
+
+RANDOM = {
+    "rrelu": lambda x: (torch.nn.functional.rrelu(x, training=True),),
+    "native_dropout": lambda x: torch.ops.aten.native_dropout(x, 0.5, True),
+    "dropout-between-native-ops": lambda x: (d := torch.nn.functional.dropout(x * 2, 0.5, training=True), d.exp() + 1),
+}
+
+
+@pytest.mark.parametrize("name", RANDOM)
+def test_random_ops_draw_what_eager_draws_after_the_same_seed(name: str) -> None:
+    """Compiling runs the function once (the recorded capture): the generator's state is saved
+    and restored around it, as Dynamo does around tracing, so the random ops, which run eagerly,
+    draw eager's stream and a seeded program stays reproducible (issue 31). Their results are
+    equal; a native op's (exp) may be an ulp off."""
+    fn, x = RANDOM[name], torch.randn(6, 7)
+    torch.manual_seed(0)
+    with pytest.warns(FallbackWarning, match="random|native_dropout"):
+        compiled = torchtosa.compile(fn, x)
+    got = [compiled(x) for _ in range(2)]
+    torch.manual_seed(0)
+    want = [fn(x) for _ in range(2)]
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g[0], w[0])
+        for rest, expected in zip(g[1:], w[1:], strict=True):
+            torch.testing.assert_close(rest, expected)
+    torch.manual_seed(0)
+    eager = fn(x)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    with pytest.warns(FallbackWarning, match="random|native_dropout"):
+        assert torch.equal(torch.compile(fn, backend="torchtosa")(x)[0], eager[0])
