@@ -128,13 +128,17 @@ def _attempt(gm: fx.GraphModule, reasons: dict[str, str | None], compile_region:
         program, native = compile_region(gm)
         return native, all_native(gm, program)
     outer = _copy(gm)
-    partitioner = CapabilityBasedPartitioner(outer, _Support(reasons), allows_single_node_partition=True)
-    partitions = partitioner.propose_partitions()
-    for p in partitions:
-        if _size(p) < min_ops:
-            for node in p.nodes:
-                if node.target is not operator.getitem:
-                    reasons[node.name] = f"in a native region of {_size(p)} op(s), under min_region_ops={min_ops}"
+    while True:  # until no eager op reads the storage beneath a native view
+        partitioner = CapabilityBasedPartitioner(outer, _Support(reasons), allows_single_node_partition=True)
+        partitions = partitioner.propose_partitions()
+        for p in partitions:
+            if _size(p) < min_ops:
+                for node in p.nodes:
+                    if node.target is not operator.getitem:
+                        reasons[node.name] = f"in a native region of {_size(p)} op(s), under min_region_ops={min_ops}"
+        if not _eager_storage_views(outer, reasons):
+            break
+    _lay_out_storage_bases(outer, reasons)
     big = [p for p in partitions if _size(p) >= min_ops]
     fused = partitioner.fuse_partitions(big) if big else outer
     regions = _compile_regions(fused, compile_region)
@@ -142,6 +146,77 @@ def _attempt(gm: fx.GraphModule, reasons: dict[str, str | None], compile_region:
         reasons.pop(gone)
     _views_as_reshapes(fused)
     return fused, _explain(gm, reasons, regions)
+
+
+# Ops that read the storage beneath their input, not only its elements.
+_STORAGE_READERS = {torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_scatter.default}
+
+
+def _storage_chain(node: fx.Node) -> list[fx.Node]:
+    """The views `node` reads its first argument through, outermost last (getitems with their
+    multi-output view), ending before the value that owns their storage."""
+    chain: list[fx.Node] = []
+    src = node.args[0]
+    while isinstance(src, fx.Node) and src.op == "call_function":
+        if src.target is operator.getitem:
+            chain.append(src)
+            src = src.args[0]
+            continue
+        schema = getattr(src.target, "_schema", None)
+        if schema is None or schema.is_mutable or not schema.arguments or schema.arguments[0].alias_info is None:
+            break  # not a view: a fresh tensor owns its storage
+        chain.append(src)
+        src = src.args[0]
+    return chain
+
+
+def _eager_storage_views(gm: fx.GraphModule, reasons: dict[str, str | None]) -> bool:
+    """Make eager the views beneath an eager op that reads its input's storage (as_strided):
+    eagerly, a view shares its base's storage, where a native region returns a fresh tensor
+    (an empty slice of an expanded view, whose storage offset lies beyond its own elements, then
+    read elements the fresh tensor does not have). Whether any reason was added."""
+    added = False
+    for node in gm.graph.nodes:
+        if node.target not in _STORAGE_READERS or reasons.get(node.name) is None:
+            continue
+        for view in _storage_chain(node):
+            name = view.name if view.target is not operator.getitem else view.args[0].name
+            if reasons.get(name) is None:
+                reasons[name] = f"a view whose storage an eager {node.target} reads"
+                added = True
+    return added
+
+
+def _lay_out_storage_bases(gm: fx.GraphModule, reasons: dict[str, str | None]) -> None:
+    """Give the tensor that owns the storage beneath an eager storage reader's views the strides
+    the graph's metadata gives it: out of a native region it is contiguous, out of eager ops on
+    such tensors it may be laid out otherwise too, where eagerly a permuted result (`x.t() * 2`)
+    keeps its input's strides."""
+    for node in list(gm.graph.nodes):
+        if node.target not in _STORAGE_READERS or reasons.get(node.name) is None:
+            continue
+        chain = _storage_chain(node)
+        first = chain[-1] if chain else node
+        base = first.args[0]
+        val = base.meta.get("val") if isinstance(base, fx.Node) else None
+        if (base.op != "call_function" or not isinstance(val, torch.Tensor)
+                or not all(isinstance(t, int) for t in val.stride())):
+            continue
+        with gm.graph.inserting_before(first):
+            laid = gm.graph.call_function(_laid_out, (base, tuple(val.stride())))
+        laid.meta["val"] = val
+        reasons[laid.name] = f"lays out the storage an eager {node.target} reads"
+        first.replace_input_with(base, laid)
+    gm.recompile()
+
+
+def _laid_out(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
+    """`t`, or a copy of it with the strides `stride` (of a fresh tensor: dense, at offset 0)."""
+    if t.stride() == stride and t.storage_offset() == 0:
+        return t
+    out = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
 
 
 def _views_as_reshapes(gm: fx.GraphModule) -> None:
