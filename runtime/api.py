@@ -33,6 +33,7 @@ from .errors import InputMismatch, NotConformant, TorchTosaError, Unsupported
 from .execute.native import NativeFunction
 from .importer.graph import Program, import_graph
 from .importer.target import Target
+from .internal import blame, internal_error, is_internal
 from .options import MIN_REGION_OPS, Options
 from .quant.passes.edges import integer_edges
 from .quant.passes.patterns import rewrite_groups
@@ -76,13 +77,24 @@ class _Cache:
         self.compiles = 0  # native functions built (a cache miss each)
 
     def get(self, gm: torch.fx.GraphModule, opt: str, cpu: Cpu) -> tuple[Program, GraphFunction]:
+        """The program and native code of `gm`; torchtosa's own failure is an InternalError
+        naming the op and step (`internal.py`)."""
         ops = sum(n.op == "call_function" for n in gm.graph.nodes)
         with progress.reporting(f"a graph of {ops} ops"):
-            return self._get(gm, opt, cpu)
+            try:
+                return self._get(gm, opt, cpu)
+            except Exception as err:
+                if not is_internal(err):
+                    raise
+                raise internal_error(err, gm) from err
 
     def _get(self, gm: torch.fx.GraphModule, opt: str, cpu: Cpu) -> tuple[Program, GraphFunction]:
         progress.stage("import to TOSA")
-        program = import_graph(gm)
+        try:
+            program = import_graph(gm)
+        except Exception as err:
+            blame(err, stage="import to TOSA")
+            raise
         key = (str(program.module), tuple(program.inputs), tuple(program.outputs), tuple(program.arguments),
                tuple(program.ranges.items()), tuple(program.scalars.items()), tuple(program.sizes), opt, cpu.name)
         with self.lock:

@@ -7,7 +7,12 @@ least `min_ops` aten ops to native code and leaves the rest of the graph as it i
 outer GraphModule calls the native regions and the eager ops in order, passing tensors
 without copies; an update of an input is written in place (`state.py`). A node the
 importer rejects although its rules accepted it is moved to eager and the graph is split
-again, so such a mismatch costs speed, never a failure.
+again, so such a mismatch costs speed, never a failure. So does torchtosa's own failure
+(`InternalError`: an exception of its lowering, scheduling or JIT): a node the importer failed
+on runs eagerly, and a region that failed later in its compile runs eagerly as the graph of
+aten ops it is; the compile's one FallbackWarning and `explain()` name the error, the op and
+source line, and ask for a report. An eager op that reads the storage beneath its input
+(as_strided) reads it through views that run eagerly too.
 """
 
 from __future__ import annotations
@@ -27,10 +32,11 @@ import torch.fx as fx
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from .errors import TorchTosaError
+from .errors import InternalError, TorchTosaError, Unsupported
 from .execute.state import in_place_writes, update_in_place
 from .importer.graph import Program, where
 from .importer.support import is_size, unsupported_reason
+from .internal import internal_error, is_internal
 
 CompileRegion = Callable[[fx.GraphModule], tuple[Program, Callable[..., list[torch.Tensor]]]]
 
@@ -46,6 +52,7 @@ class EagerOp:
     op: str
     reason: str
     where: str
+    failure: InternalError | None = None  # torchtosa's own error that left it to PyTorch
 
 
 @dataclass
@@ -63,6 +70,8 @@ class Explanation:
 
     parts: list[NativeRegion | EagerOp] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # whole-graph facts (graph breaks)
+    # torchtosa's own errors (bugs to report) whose ops run eagerly instead, in graph order
+    failures: list[InternalError] = field(default_factory=list)
 
     @property
     def eager(self) -> list[EagerOp]:
@@ -74,6 +83,8 @@ class Explanation:
 
     def __str__(self) -> str:
         lines = list(self.notes)
+        lines += [f"internal error {f.short()} — its ops run eagerly; please report this torchtosa bug"
+                  for f in self.failures]
         for part in self.parts:
             if isinstance(part, NativeRegion):
                 ops = ", ".join(f"{op} x{n}" for op, n in sorted(part.ops.items()))
@@ -87,8 +98,9 @@ class Explanation:
     def summary(self) -> str:
         """One line: how many ops fell back and why."""
         total = self.native_ops + len(self.eager)
-        why = Counter(f"{e.op} ({e.reason})" for e in self.eager)
-        listed = "; ".join(f"{w} x{n}" if n > 1 else w for w, n in why.most_common(4))
+        failed = [f"internal error {f.short()} (a torchtosa bug: please report it)" for f in self.failures]
+        why = Counter(f"{e.op} ({e.reason})" for e in self.eager if e.failure is None)
+        listed = "; ".join([*failed, *(f"{w} x{n}" if n > 1 else w for w, n in why.most_common(4))])
         more = f"; and {len(why) - 4} more" if len(why) > 4 else ""
         return f"torchtosa: {len(self.eager)} of {total} ops run eagerly: {listed}{more} (see explain())"
 
@@ -101,31 +113,53 @@ class Explanation:
                 count += 1
         self.parts += other.parts
         self.notes += other.notes
+        self.failures += other.failures
 
 
 def split(gm: fx.GraphModule, compile_region: CompileRegion,
           min_ops: int) -> tuple[Callable[..., Any], Explanation]:
     """A callable running `gm` (its flat outputs as a sequence) with its supported regions
     as native code, and what runs where."""
-    checked = {n.name: unsupported_reason(n) for n in gm.graph.nodes
+    failures: dict[str, InternalError] = {}  # node -> torchtosa's own error on it
+    checked = {n.name: _checked(n, failures) for n in gm.graph.nodes
                if n.op == "call_function" and n.target is not operator.getitem}
     for src, copy in in_place_writes(gm).items():
         checked[src.name] = f"writes into input {copy.args[0].name} in place"
-    forced: dict[str, str] = {}  # node -> reason, for nodes the importer rejected
+    forced: dict[str, str] = {}  # node -> reason, for nodes the importer rejected or failed on
     while True:
         try:  # _attempt adds reasons of its own (small regions): a fresh dict each time
-            return _attempt(gm, {**checked, **forced}, compile_region, min_ops)
+            return _attempt(gm, {**checked, **forced}, compile_region, min_ops, dict(failures))
         except TorchTosaError as err:
             node = getattr(err, "node", None)
             if node is None or node in forced:
                 raise
-            forced[node] = str(err).rsplit(" — ", 1)[-1]
+            if isinstance(err, InternalError):
+                failures[node] = err
+                forced[node] = f"internal error lowering it: {err.detail}"
+            else:
+                forced[node] = str(err).rsplit(" — ", 1)[-1]
+
+
+def _checked(node: fx.Node, failures: dict[str, InternalError]) -> str | None:
+    """`unsupported_reason` of a node; an exception of its rules is torchtosa's bug (in `failures`)."""
+    try:
+        return unsupported_reason(node)
+    except Exception as err:
+        if not is_internal(err):
+            raise
+        failures[node.name] = internal_error(err, node=node, stage="checking its rules")
+        return f"internal error checking its rules: {failures[node.name].detail}"
 
 
 def _attempt(gm: fx.GraphModule, reasons: dict[str, str | None], compile_region: CompileRegion,
-             min_ops: int) -> tuple[Callable[..., Any], Explanation]:
+             min_ops: int, failures: dict[str, InternalError]) -> tuple[Callable[..., Any], Explanation]:
     if not any(reasons.values()):  # all native: one function, no outer graph
-        program, native = compile_region(gm)
+        try:
+            program, native = compile_region(gm)
+        except (InternalError, Unsupported) as err:
+            failure = _region_failure(err, gm)
+            failures.update(dict.fromkeys((n.name for n in gm.graph.nodes if n.op == "call_function"), failure))
+            return gm, _explain(gm, reasons, {}, failures)  # the captured graph itself runs eagerly
         return native, all_native(gm, program)
     outer = _copy(gm)
     while True:  # until no eager op reads the storage beneath a native view
@@ -141,11 +175,11 @@ def _attempt(gm: fx.GraphModule, reasons: dict[str, str | None], compile_region:
     _lay_out_storage_bases(outer, reasons)
     big = [p for p in partitions if _size(p) >= min_ops]
     fused = partitioner.fuse_partitions(big) if big else outer
-    regions = _compile_regions(fused, compile_region)
+    regions = _compile_regions(fused, compile_region, failures)
     for gone in update_in_place(fused):
         reasons.pop(gone)
     _views_as_reshapes(fused)
-    return fused, _explain(gm, reasons, regions)
+    return fused, _explain(gm, reasons, regions, failures)
 
 
 # Ops that read the storage beneath their input, not only its elements.
@@ -263,12 +297,20 @@ class _NativeCall(torch.nn.Module):
         return outs[0] if self.single else tuple(outs)
 
 
-def _compile_regions(fused: fx.GraphModule, compile_region: CompileRegion) -> dict[str, tuple[str, Program]]:
-    """Compile every fused submodule; node name -> (region name, program)."""
+def _compile_regions(fused: fx.GraphModule, compile_region: CompileRegion,
+                     failures: dict[str, InternalError]) -> dict[str, tuple[str, Program]]:
+    """Compile every fused submodule; node name -> (region name, program). A submodule whose
+    compile failed stays the graph of aten ops it is, run eagerly (its nodes in `failures`)."""
     regions: dict[str, tuple[str, Program]] = {}
     for node in fused.graph.find_nodes(op="call_module"):
         sub = getattr(fused, node.target)
-        program, native = compile_region(sub)
+        try:
+            program, native = compile_region(sub)
+        except (InternalError, Unsupported) as err:
+            failure = _region_failure(err, sub)
+            _views_as_reshapes(sub)  # its inputs may come from native regions, contiguous
+            failures.update(dict.fromkeys((n.name for n in sub.graph.nodes if n.op == "call_function"), failure))
+            continue
         single = not isinstance(sub.graph.output_node().args[0], (tuple, list))
         setattr(fused, node.target, _NativeCall(native, single))
         for inner in sub.graph.nodes:
@@ -277,9 +319,19 @@ def _compile_regions(fused: fx.GraphModule, compile_region: CompileRegion) -> di
     return regions
 
 
-def _explain(gm: fx.GraphModule, reasons: dict[str, str | None],
-             regions: dict[str, tuple[str, Program]]) -> Explanation:
-    explanation = Explanation()
+def _region_failure(err: InternalError | Unsupported, region: fx.GraphModule) -> InternalError:
+    """The InternalError that makes a region run eagerly; an error that blames a node is the
+    partitioner's to move to eager (raised again). The importer rejecting a region the
+    partitioner accepted, for no node of it, is torchtosa's bug too."""
+    if getattr(err, "node", None) is not None:
+        raise err
+    return err if isinstance(err, InternalError) else internal_error(err, region, stage="import to TOSA")
+
+
+def _explain(gm: fx.GraphModule, reasons: dict[str, str | None], regions: dict[str, tuple[str, Program]],
+             failures: dict[str, InternalError] | None = None) -> Explanation:
+    failures = failures or {}
+    explanation = Explanation(failures=list(dict.fromkeys(failures.values())))
     by_region: dict[str, NativeRegion] = {}
     for node in gm.graph.nodes:
         if (node.op != "call_function" or node.target is operator.getitem or node.name not in reasons
@@ -293,8 +345,16 @@ def _explain(gm: fx.GraphModule, reasons: dict[str, str | None],
                 explanation.parts.append(by_region[name])
             by_region[name].ops[op] += 1
         else:
-            explanation.parts.append(EagerOp(op, reasons.get(node.name) or "not lowered", where(node)))
+            failure = failures.get(node.name)
+            reason = reasons.get(node.name) or "not lowered"
+            if failure is not None and reasons.get(node.name) is None:  # a region that failed to compile
+                reason = f"its native region failed to compile: internal error{_in(failure)}: {failure.detail}"
+            explanation.parts.append(EagerOp(op, reason, where(node), failure))
     return explanation
+
+
+def _in(failure: InternalError) -> str:
+    return f" in {failure.stage}" if failure.stage else ""
 
 
 def all_native(gm: fx.GraphModule, program: Program) -> Explanation:

@@ -54,6 +54,7 @@ from mlir import ir
 from mlir.dialects import arith, linalg, scf, tensor
 
 from ..cpu import Cpu, select
+from ..internal import blaming
 from . import vecmath
 from .convolutions import CONV as _CONV
 from .convolutions import DEPTHWISE as _DEPTHWISE
@@ -151,7 +152,8 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
     chunks = threads() if parallel else 1
     groups: dict[Key, list[ir.Operation]] = {}
     for op, tiling in plans(module, tiles):
-        split = thread_split(op, tiling, chunks)
+        with blaming(op):
+            split = thread_split(op, tiling, chunks)
         groups.setdefault((op.name if op.name in _DECOMPOSED else "", *tiling, split), []).append(op)
     planned = {op.operation for ops in groups.values() for op in ops}  # depthwise ones `plan` tiles
     for op in find_ops(module, lambda op: op.name in _WINDOWED and op.operation not in planned):
@@ -201,17 +203,23 @@ def pack_panels(module: ir.Module, parallel: bool = False, tiles: Tiles | None =
     tiles = tiles or derive(select())
     with module.context, ir.Location.unknown():
         for op in find_ops(module, lambda op: op.name in _CONTRACTIONS):
-            tiling = plan(op, tiles)
-            if tiling is None:
-                continue
-            sizes = tiling[0]
-            loops = _loop_sizes(op)
-            if loops[-2] is None:
-                continue  # a dynamic column count: its last panel would be partial
-            source = _panel_source(op, loops, sizes)
-            if source is not None:
-                forall = parallel and threads() > 1 and _parallel_worth(loops, _CONTRACTIONS[op.name])
-                _column_panels(op, source, sizes[-2], forall)
+            with blaming(op):
+                _pack_panels(op, parallel, tiles)
+
+
+def _pack_panels(op: ir.Operation, parallel: bool, tiles: Tiles) -> None:
+    """`pack_panels` of one named contraction."""
+    tiling = plan(op, tiles)
+    if tiling is None:
+        return
+    sizes = tiling[0]
+    loops = _loop_sizes(op)
+    if loops[-2] is None:
+        return  # a dynamic column count: its last panel would be partial
+    source = _panel_source(op, loops, sizes)
+    if source is not None:
+        forall = parallel and threads() > 1 and _parallel_worth(loops, _CONTRACTIONS[op.name])
+        _column_panels(op, source, sizes[-2], forall)
 
 
 def _parallel_worth(loops: tuple[Extent, ...], batch: int) -> bool:
@@ -401,7 +409,8 @@ def plans(module: ir.Module, tiles: Tiles | None = None) -> list[tuple[ir.Operat
     tiles = tiles or derive(select())
 
     def visit(op: ir.Operation) -> ir.WalkResult:
-        tiling = plan(op, tiles)
+        with blaming(op):
+            tiling = plan(op, tiles)
         if tiling is not None:
             found.append((op, tiling))
         return ir.WalkResult.ADVANCE
@@ -574,7 +583,8 @@ def _rewrite_contractions(module: ir.Module, rewrite: Callable[[ir.Operation], N
     """Apply `rewrite` to each generic contraction (`_sum_of_products`) of `module`."""
     with module.context, ir.Location.unknown():
         for op in find_ops(module, lambda op: _sum_of_products(op) is not None):
-            rewrite(op)
+            with blaming(op):
+                rewrite(op)
 
 
 def _collapse_reductions(op: ir.Operation) -> None:
