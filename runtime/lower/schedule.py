@@ -428,7 +428,7 @@ def plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
     input stays in cache while every row tile passes over it.
     """
     loops = _loop_sizes(op)
-    if loops is None or not loops or 0 in loops:
+    if loops is None or not loops or 0 in loops or _broadcast_product_to_scalar(op):
         return None
     t = tiles or derive(select())
     rows, columns = t.matmul
@@ -457,6 +457,16 @@ def plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
         sizes[-1] = _tile(loops[-1], t.transpose)
         sizes[inner] = _tile(loops[inner], t.transpose)
     return tuple(sizes), tuple(order), _partial(loops, sizes), ()
+
+
+def _broadcast_product_to_scalar(op: ir.Operation) -> bool:
+    """A sum of products into a 0-d result with an input broadcast along a loop (`(x * w).sum()`,
+    w of fewer dims): vectorized, MLIR's contraction patterns cast its scalar accumulator to a
+    vector and abort the process (found by tests/test_pipeline_fuzz.py). It stays loops."""
+    if _sum_of_products(op) is None or _map_dims(op)[-1]:
+        return False
+    n_loops = len(ir.ArrayAttr(op.attributes["iterator_types"]))
+    return any(len(dims) < n_loops for dims in _map_dims(op)[:-1])
 
 
 def _partial(loops: tuple[Extent, ...], sizes: list[int]) -> tuple[int, ...]:
