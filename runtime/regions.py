@@ -18,12 +18,13 @@ source line, and ask for a report. An eager op that reads the storage beneath it
 from __future__ import annotations
 
 import contextlib
+import itertools
 import operator
 import os
 import sys
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,14 +86,19 @@ class Explanation:
         lines = list(self.notes)
         lines += [f"internal error {f.short()} — its ops run eagerly; please report this torchtosa bug"
                   for f in self.failures]
-        for part in self.parts:
-            if isinstance(part, NativeRegion):
-                ops = ", ".join(f"{op} x{n}" for op, n in sorted(part.ops.items()))
-                lines.append(f"native {part.name}: {sum(part.ops.values())} ops ({ops})")
-                if part.program.ranges:
-                    lines.append(f"       serves sizes {part.program.serves()}")
-            else:
-                lines.append(f"eager  {part.op}: {part.reason} — at {part.where}")
+        for failed, group in itertools.groupby(self.parts, key=_failed_region):
+            if failed is not None:  # one line for the ops of a region that failed to compile
+                group = list(group)
+                lines.append(f"eager  {len(group)} ops of a native region that failed to compile "
+                             f"({_counted(p.op for p in group)}): the internal error above")
+                continue
+            for part in group:
+                if isinstance(part, NativeRegion):
+                    lines.append(f"native {part.name}: {sum(part.ops.values())} ops ({_counted(part.ops.elements())})")
+                    if part.program.ranges:
+                        lines.append(f"       serves sizes {part.program.serves()}")
+                else:
+                    lines.append(f"eager  {part.op}: {part.reason} — at {part.where}")
         return "\n".join(lines)
 
     def summary(self) -> str:
@@ -348,13 +354,28 @@ def _explain(gm: fx.GraphModule, reasons: dict[str, str | None], regions: dict[s
             failure = failures.get(node.name)
             reason = reasons.get(node.name) or "not lowered"
             if failure is not None and reasons.get(node.name) is None:  # a region that failed to compile
-                reason = f"its native region failed to compile: internal error{_in(failure)}: {failure.detail}"
+                reason = f"{_REGION_FAILED}: internal error{_in(failure)}: {failure.detail}"
             explanation.parts.append(EagerOp(op, reason, where(node), failure))
     return explanation
 
 
 def _in(failure: InternalError) -> str:
     return f" in {failure.stage}" if failure.stage else ""
+
+
+_REGION_FAILED = "its native region failed to compile"
+
+
+def _failed_region(part: NativeRegion | EagerOp) -> int | None:
+    """The identity of the failure an eager op's region failed to compile with, or None."""
+    if isinstance(part, EagerOp) and part.failure is not None and part.reason.startswith(_REGION_FAILED):
+        return id(part.failure)
+    return None
+
+
+def _counted(ops: Iterable[str]) -> str:
+    """`aten.add.Tensor x1, aten.mul.Tensor x2`: each op and how often, sorted."""
+    return ", ".join(f"{op} x{n}" for op, n in sorted(Counter(ops).items()))
 
 
 def all_native(gm: fx.GraphModule, program: Program) -> Explanation:
