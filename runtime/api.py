@@ -29,7 +29,7 @@ from .capture.trace import (
     translated_dynamo_errors,
 )
 from .cpu import Cpu, runnable, select
-from .errors import InputMismatch, NotConformant, TorchTosaError, Unsupported
+from .errors import InputMismatch, InternalError, NotConformant, TorchTosaError, Unsupported
 from .execute.native import NativeFunction
 from .importer.graph import Program, import_graph
 from .importer.target import Target
@@ -38,7 +38,7 @@ from .options import MIN_REGION_OPS, Options
 from .quant.passes.edges import integer_edges
 from .quant.passes.patterns import rewrite_groups
 from .quant.passes.uint8 import normalize_uint8
-from .regions import Explanation, NativeRegion, all_native, split, warn_fallbacks
+from .regions import Explanation, NativeRegion, all_eager, all_native, split, warn_fallbacks
 
 Signature = tuple[Any, ...]
 
@@ -208,7 +208,13 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options,
         program, runner = CACHE.get(gm, options.opt, cpu)
         explanation = all_native(gm, program)
     else:
-        runner, explanation = split(gm, lambda g: CACHE.get(g, options.opt, cpu), options.min_region_ops)
+        try:
+            runner, explanation = split(gm, lambda g: CACHE.get(g, options.opt, cpu), options.min_region_ops)
+        except Exception as err:  # the partitioner's own failure: the graph runs eagerly as it is
+            if not (is_internal(err) or isinstance(err, InternalError)):
+                raise
+            failure = err if isinstance(err, InternalError) else internal_error(err, gm, stage="partitioning")
+            runner, explanation = gm, all_eager(gm, failure)
         warn_fallbacks(explanation)
     if shape_env is not None and len(shape_env.guards) > before:
         otherwise = _Specializing(gm, options) if respecialize else None

@@ -65,7 +65,7 @@ def internal_error(err: Exception, gm: fx.GraphModule | None = None, node: fx.No
         op, at = str(node.target), where(node)
     elif gm is not None:
         ops = Counter(str(n.target) for n in gm.graph.nodes if n.op == "call_function" and "." in str(n.target))
-        op = "a native region of " + ", ".join(f"{o} x{k}" for o, k in sorted(ops.items()))
+        op = f"{sum(ops.values())} ops (" + ", ".join(f"{o} x{k}" for o, k in sorted(ops.items())) + ")"
         first = next((n for n in gm.graph.nodes if n.op == "call_function"), None)
         at = where(first) if first is not None else None
     else:

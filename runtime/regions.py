@@ -163,9 +163,7 @@ def _attempt(gm: fx.GraphModule, reasons: dict[str, str | None], compile_region:
         try:
             program, native = compile_region(gm)
         except (InternalError, Unsupported) as err:
-            failure = _region_failure(err, gm)
-            failures.update(dict.fromkeys((n.name for n in gm.graph.nodes if n.op == "call_function"), failure))
-            return gm, _explain(gm, reasons, {}, failures)  # the captured graph itself runs eagerly
+            return gm, all_eager(gm, _region_failure(err, gm))  # the captured graph itself runs eagerly
         return native, all_native(gm, program)
     outer = _copy(gm)
     while True:  # until no eager op reads the storage beneath a native view
@@ -382,6 +380,12 @@ def all_native(gm: fx.GraphModule, program: Program) -> Explanation:
     """The explanation of a graph compiled whole."""
     nodes = [n.name for n in gm.graph.nodes if n.op == "call_function"]
     return _explain(gm, dict.fromkeys(nodes), dict.fromkeys(nodes, ("forward", program)))
+
+
+def all_eager(gm: fx.GraphModule, failure: InternalError) -> Explanation:
+    """The explanation of a graph that runs eagerly as a whole because compiling it failed."""
+    nodes = [n.name for n in gm.graph.nodes if n.op == "call_function"]
+    return _explain(gm, dict.fromkeys(nodes), {}, dict.fromkeys(nodes, failure))
 
 
 def warn_fallbacks(explanation: Explanation) -> None:

@@ -422,3 +422,17 @@ def test_an_internal_error_lowering_one_node_runs_that_node_eagerly(monkeypatch:
     assert isinstance(info.value.__cause__, KeyError)
     with pytest.raises(torchtosa.InternalError, match=r"aten\.relu\.default"):
         torchtosa.to_tosa(fn, x)
+
+
+def test_an_internal_error_of_the_partitioner_runs_the_graph_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last resort: an exception of the partitioner itself runs the whole graph with PyTorch."""
+    _no_topk_entry(monkeypatch)
+    monkeypatch.setattr("torchtosa.regions.update_in_place", _broken)
+    model, x = TopkBetweenLinears().eval(), torch.randn(3, 16)
+    with pytest.warns(FallbackWarning, match=r"internal error on \d+ ops \(aten.addmm.default x2, .* in "
+                      r"partitioning: IndexError: injected"):
+        compiled = torchtosa.compile(model, x)
+    for got, want in zip(compiled(x), model(x), strict=True):
+        torch.testing.assert_close(got, want)
+    assert not compiled.explain().native_ops
+    assert all(e.failure is not None for e in compiled.explain().eager)
