@@ -196,16 +196,19 @@ def _storage_chain(node: fx.Node) -> list[fx.Node]:
     chain: list[fx.Node] = []
     src = node.args[0]
     while isinstance(src, fx.Node) and src.op == "call_function":
-        if src.target is operator.getitem:
-            chain.append(src)
-            src = src.args[0]
-            continue
-        schema = getattr(src.target, "_schema", None)
-        if schema is None or schema.is_mutable or not schema.arguments or schema.arguments[0].alias_info is None:
-            break  # not a view: a fresh tensor owns its storage
+        producer = src.args[0] if src.target is operator.getitem else src
+        if not _is_view(producer):
+            break  # a fresh tensor owns its storage
         chain.append(src)
-        src = src.args[0]
+        src = producer.args[0]
     return chain
+
+
+def _is_view(node: Any) -> bool:
+    """Whether a node is an aten view: its result aliases its first argument, which it does not write."""
+    schema = getattr(node.target, "_schema", None) if isinstance(node, fx.Node) else None
+    return (schema is not None and not schema.is_mutable and bool(schema.arguments)
+            and schema.arguments[0].alias_info is not None)
 
 
 def _eager_storage_views(gm: fx.GraphModule, reasons: dict[str, str | None]) -> bool:
@@ -236,10 +239,9 @@ def _lay_out_storage_bases(gm: fx.GraphModule, reasons: dict[str, str | None]) -
         chain = _storage_chain(node)
         first = chain[-1] if chain else node
         base = first.args[0]
-        val = base.meta.get("val") if isinstance(base, fx.Node) else None
-        if (base.op != "call_function" or not isinstance(val, torch.Tensor)
-                or not all(isinstance(t, int) for t in val.stride())):
-            continue
+        val = base.meta.get("val") if isinstance(base, fx.Node) and base.op == "call_function" else None
+        if not isinstance(val, torch.Tensor) or not all(isinstance(t, int) for t in val.stride()):
+            continue  # an input's layout is the compiled signature's
         with gm.graph.inserting_before(first):
             laid = gm.graph.call_function(_laid_out, (base, tuple(val.stride())))
         laid.meta["val"] = val
