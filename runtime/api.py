@@ -487,8 +487,10 @@ def compile(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
     elementwise ops) across one OpenMP thread per core (OMP_NUM_THREADS, read when compiling, sets
     how many), "none" is the plain reference lowering to loops, kept for debugging.
     `fallback="eager"` runs ops TOSA can't lower with PyTorch between native regions of at least
-    `min_region_ops` ops (and a function with graph breaks graph by graph); `fallback="error"`
-    raises `Unsupported` instead. `explain()` on the result says what runs where.
+    `min_region_ops` ops (and a function with graph breaks graph by graph), and so a region
+    torchtosa itself fails to compile (a bug it warns about); `fallback="error"` raises
+    `Unsupported`, or `InternalError` for torchtosa's own failure, instead. `explain()` on the
+    result says what runs where.
     `outline=True` traces a module's repeated layers (the blocks of a transformer: children of
     one ModuleList with the same type and state shapes) once each, so capture time stays nearly
     flat in depth; False traces every layer (the fallback whenever TorchDynamo refuses that).
