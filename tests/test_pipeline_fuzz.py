@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import re
 import warnings
@@ -50,7 +51,7 @@ from torchtosa import FallbackWarning
 from torchtosa.lower.pipeline import OPT_LEVELS
 
 REGRESSIONS = ROOT / "fuzz" / "pipeline_regressions.json"
-PIPELINE_PROGRAMS = int(__import__("os").environ.get("TORCHTOSA_FUZZ_EXAMPLES", "0")) // 4 or 12
+PIPELINE_PROGRAMS = int(os.environ.get("TORCHTOSA_FUZZ_EXAMPLES", "0")) // 4 or 12
 MAX_NUMEL = 2048
 BASE_DTYPES = ["f32"] * 7 + ["i32"]
 
