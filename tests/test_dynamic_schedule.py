@@ -43,11 +43,11 @@ def scheduled(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     seen: list[list[str]] = []
     lower = execute.lower
 
-    def spy(module: ir.Module, opt: str = "default", stop_before: str | None = None) -> Any:
+    def spy(module: ir.Module, opt: str = "default", stop_before: str | None = None, **kwargs: Any) -> Any:
         copy = ir.Module.parse(str(module), context=module.context)
-        pipeline.lower(copy, opt, stop_before="bufferize")
+        pipeline.lower(copy, opt, stop_before="bufferize", **kwargs)
         seen.append(_ops(copy))
-        return lower(module, opt, stop_before)
+        return lower(module, opt, stop_before, **kwargs)
 
     monkeypatch.setattr(execute, "lower", spy)
     return seen
