@@ -6,6 +6,7 @@ the calling thread. Results match eager."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -62,10 +63,10 @@ def _split_ops(fn: Callable[..., torch.Tensor], args: tuple[torch.Tensor, ...],
     found: set[str] = set()
     script = schedule._script
 
-    def recording(groups: dict) -> str:
+    def recording(groups: dict, *rest: Any) -> str:
         for key, ops in groups.items():
             found.update(op.name for op in ops if key[-1] or op.parent.name == "scf.forall")
-        return script(groups)
+        return script(groups, *rest)
 
     monkeypatch.setattr(schedule, "_script", recording)
     _lowered(fn, args, "bufferize")
