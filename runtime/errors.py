@@ -42,8 +42,8 @@ class InternalError(TorchTosaError):
                  stage: str | None = None) -> None:
         self.detail, self.op, self.where, self.stage = detail, op, where, stage
         super().__init__(f"torchtosa failed {self.short()}. This is a bug in torchtosa, not in your "
-                         "program: please report it with this message. With fallback=\"eager\" (the default) "
-                         "the region runs with PyTorch instead.")
+                         "program: please report it with this message. torchtosa.compile's default "
+                         "fallback=\"eager\" runs such a region with PyTorch instead.")
 
     def short(self) -> str:
         """What failed in one line: `on aten.sum.dim_IntList (model.py:3: ...) in stage 'schedule': IndexError: ...`."""
