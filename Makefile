@@ -107,8 +107,11 @@ corpus: $(GEN)
 reference: $(GEN) $(TOOLS_STAMP)
 	TORCHTOSA_REFERENCE_STRIDE=1 $(PY) -m pytest -q -n auto -p no:cacheprovider tests/test_reference.py
 
+# random programs (test_fuzz), argument variations per entry (test_properties) and programs around
+# the pipeline's rewrites at every opt level (test_pipeline_fuzz: a quarter as many, 3 compiles each)
 fuzz: $(GEN)
-	TORCHTOSA_FUZZ_EXAMPLES=2000 $(PY) -m pytest -q -n auto -p no:cacheprovider tests/test_fuzz.py tests/test_properties.py
+	TORCHTOSA_FUZZ_EXAMPLES=2000 $(PY) -m pytest -q -n auto -p no:cacheprovider tests/test_fuzz.py \
+		tests/test_properties.py tests/test_pipeline_fuzz.py
 
 clean:
 	rm -rf $(VENV) $(TOOLS) $(VELA) runtime/_generated build *.egg-info

@@ -17,9 +17,11 @@ from .artifacts.tosa_files import load
 from .errors import (
     CompileError,
     InputMismatch,
+    InternalError,
     InvalidFile,
     InvalidInput,
     LoweringError,
+    MissingRuntime,
     NotConformant,
     ToolError,
     TorchTosaError,
@@ -32,8 +34,9 @@ from .importer.target import Target
 from .regions import Explanation, FallbackWarning
 
 __all__ = [
-    "CompileError", "CompiledFunction", "Explanation", "FallbackWarning", "InputMismatch", "InvalidFile",
-    "InvalidInput", "Library", "LoweringError", "NotConformant", "Program", "Target", "ToolError",
+    "CompileError", "CompiledFunction", "Explanation", "FallbackWarning", "InputMismatch", "InternalError",
+    "InvalidFile", "InvalidInput", "Library", "LoweringError", "MissingRuntime", "NotConformant", "Program",
+    "Target", "ToolError",
     "TorchTosaError", "Unsupported", "VelaError", "compile", "explain", "export_library", "load", "to_tosa",
     "torchtosa_backend", "vela",
 ]

@@ -29,15 +29,16 @@ from .capture.trace import (
     translated_dynamo_errors,
 )
 from .cpu import Cpu, runnable, select
-from .errors import InputMismatch, NotConformant, TorchTosaError, Unsupported
+from .errors import InputMismatch, InternalError, NotConformant, TorchTosaError, Unsupported
 from .execute.native import NativeFunction
 from .importer.graph import Program, import_graph
 from .importer.target import Target
+from .internal import blame, internal_error, is_internal
 from .options import MIN_REGION_OPS, Options
 from .quant.passes.edges import integer_edges
 from .quant.passes.patterns import rewrite_groups
 from .quant.passes.uint8 import normalize_uint8
-from .regions import Explanation, NativeRegion, all_native, split, warn_fallbacks
+from .regions import Explanation, NativeRegion, all_eager, all_native, split, warn_fallbacks
 
 Signature = tuple[Any, ...]
 
@@ -76,13 +77,24 @@ class _Cache:
         self.compiles = 0  # native functions built (a cache miss each)
 
     def get(self, gm: torch.fx.GraphModule, opt: str, cpu: Cpu) -> tuple[Program, GraphFunction]:
+        """The program and native code of `gm`; torchtosa's own failure is an InternalError
+        naming the op and step (`internal.py`)."""
         ops = sum(n.op == "call_function" for n in gm.graph.nodes)
         with progress.reporting(f"a graph of {ops} ops"):
-            return self._get(gm, opt, cpu)
+            try:
+                return self._get(gm, opt, cpu)
+            except Exception as err:
+                if not is_internal(err):
+                    raise
+                raise internal_error(err, gm) from err
 
     def _get(self, gm: torch.fx.GraphModule, opt: str, cpu: Cpu) -> tuple[Program, GraphFunction]:
         progress.stage("import to TOSA")
-        program = import_graph(gm)
+        try:
+            program = import_graph(gm)
+        except Exception as err:
+            blame(err, stage="import to TOSA")
+            raise
         key = (str(program.module), tuple(program.inputs), tuple(program.outputs), tuple(program.arguments),
                tuple(program.ranges.items()), tuple(program.scalars.items()), tuple(program.sizes), opt, cpu.name)
         with self.lock:
@@ -196,7 +208,13 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options,
         program, runner = CACHE.get(gm, options.opt, cpu)
         explanation = all_native(gm, program)
     else:
-        runner, explanation = split(gm, lambda g: CACHE.get(g, options.opt, cpu), options.min_region_ops)
+        try:
+            runner, explanation = split(gm, lambda g: CACHE.get(g, options.opt, cpu), options.min_region_ops)
+        except Exception as err:  # the partitioner's own failure: the graph runs eagerly as it is
+            if not (is_internal(err) or isinstance(err, InternalError)):
+                raise
+            failure = err if isinstance(err, InternalError) else internal_error(err, gm, stage="partitioning")
+            runner, explanation = gm, all_eager(gm, failure)
         warn_fallbacks(explanation)
     if shape_env is not None and len(shape_env.guards) > before:
         otherwise = _Specializing(gm, options) if respecialize else None
@@ -469,8 +487,10 @@ def compile(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
     elementwise ops) across one OpenMP thread per core (OMP_NUM_THREADS, read when compiling, sets
     how many), "none" is the plain reference lowering to loops, kept for debugging.
     `fallback="eager"` runs ops TOSA can't lower with PyTorch between native regions of at least
-    `min_region_ops` ops (and a function with graph breaks graph by graph); `fallback="error"`
-    raises `Unsupported` instead. `explain()` on the result says what runs where.
+    `min_region_ops` ops (and a function with graph breaks graph by graph), and so a region
+    torchtosa itself fails to compile (a bug it warns about); `fallback="error"` raises
+    `Unsupported`, or `InternalError` for torchtosa's own failure, instead. `explain()` on the
+    result says what runs where.
     `outline=True` traces a module's repeated layers (the blocks of a transformer: children of
     one ModuleList with the same type and state shapes) once each, so capture time stays nearly
     flat in depth; False traces every layer (the fallback whenever TorchDynamo refuses that).

@@ -27,6 +27,31 @@ class CompileError(TorchTosaError):
     """The MLIR pass pipeline or the JIT failed on a module torchtosa produced."""
 
 
+class MissingRuntime(CompileError):
+    """A library native code needs is not installed (opt="parallel"'s OpenMP runtime, MLIR's
+    runner utils): the installation's to fix, not the program's."""
+
+
+class InternalError(TorchTosaError):
+    """torchtosa failed on a program PyTorch runs: its own lowering, scheduling or JIT raised
+    (a bug to report). `op` and `where`: the aten op (or region) and source line it was working
+    on, `stage` the step, where known; `__cause__` the original exception. With the default
+    fallback="eager" the region runs with PyTorch instead, with a FallbackWarning saying so."""
+
+    def __init__(self, detail: str, op: str | None = None, where: str | None = None,
+                 stage: str | None = None) -> None:
+        self.detail, self.op, self.where, self.stage = detail, op, where, stage
+        super().__init__(f"torchtosa failed {self.short()}. This is a bug in torchtosa, not in your "
+                         "program: please report it with this message. torchtosa.compile's default "
+                         "fallback=\"eager\" runs such a region with PyTorch instead.")
+
+    def short(self) -> str:
+        """What failed in one line: `on aten.sum.dim_IntList (model.py:3: ...) in stage 'schedule': IndexError: ...`."""
+        on = f"on {self.op}" + (f" ({self.where})" if self.where else "") if self.op else "compiling"
+        stage = f" in {self.stage}" if self.stage else ""
+        return f"{on}{stage}: {self.detail}"
+
+
 class LoweringError(TorchTosaError):
     """A lowering emitted TOSA that breaks the catalogue's rules: a bug in a spec."""
 

@@ -20,12 +20,13 @@ MIN_REGION_OPS = 2
 @dataclass(frozen=True)
 class Options:
     """`opt`: the lowering ("default", "parallel", "none"; see `pipeline.OPT_LEVELS`).
-    `fallback`: "eager" runs what TOSA can't lower with PyTorch, between native regions;
-    "error" raises `Unsupported` instead. `min_region_ops`: the smallest native region
-    worth its call, in a graph that has eager ops. `outline`: trace a module's repeated layers
-    (a transformer's blocks) once each while capturing (outline.py); a torch.compile graph
-    arrives traced, so the backend ignores it. `cpu`: the entry of the CPU table (opdefs/cpus.yaml)
-    to compile for, by default $TORCHTOSA_CPU or the host's; native code must run on this machine."""
+    `fallback`: "eager" runs what TOSA can't lower with PyTorch, between native regions (and a
+    region torchtosa fails to compile: `InternalError`, warned about); "error" raises instead.
+    `min_region_ops`: the smallest native region worth its call, in a graph that has eager ops.
+    `outline`: trace a module's repeated layers (a transformer's blocks) once each while capturing
+    (outline.py); a torch.compile graph arrives traced, so the backend ignores it. `cpu`: the
+    entry of the CPU table (opdefs/cpus.yaml) to compile for, by default $TORCHTOSA_CPU or the
+    host's; native code must run on this machine."""
 
     opt: str = "default"
     fallback: str = "eager"

@@ -7,18 +7,24 @@ least `min_ops` aten ops to native code and leaves the rest of the graph as it i
 outer GraphModule calls the native regions and the eager ops in order, passing tensors
 without copies; an update of an input is written in place (`state.py`). A node the
 importer rejects although its rules accepted it is moved to eager and the graph is split
-again, so such a mismatch costs speed, never a failure.
+again, so such a mismatch costs speed, never a failure. So does torchtosa's own failure
+(`InternalError`: an exception of its lowering, scheduling or JIT): a node the importer failed
+on runs eagerly, and a region that failed later in its compile runs eagerly as the graph of
+aten ops it is; the compile's one FallbackWarning and `explain()` name the error, the op and
+source line, and ask for a report. An eager op that reads the storage beneath its input
+(as_strided) reads it through views that run eagerly too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import operator
 import os
 import sys
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,10 +33,11 @@ import torch.fx as fx
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from .errors import TorchTosaError
+from .errors import InternalError, TorchTosaError, Unsupported
 from .execute.state import in_place_writes, update_in_place
 from .importer.graph import Program, where
 from .importer.support import is_size, unsupported_reason
+from .internal import internal_error, is_internal
 
 CompileRegion = Callable[[fx.GraphModule], tuple[Program, Callable[..., list[torch.Tensor]]]]
 
@@ -46,6 +53,7 @@ class EagerOp:
     op: str
     reason: str
     where: str
+    failure: InternalError | None = None  # torchtosa's own error that left it to PyTorch
 
 
 @dataclass
@@ -63,6 +71,8 @@ class Explanation:
 
     parts: list[NativeRegion | EagerOp] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # whole-graph facts (graph breaks)
+    # torchtosa's own errors (bugs to report) whose ops run eagerly instead, in graph order
+    failures: list[InternalError] = field(default_factory=list)
 
     @property
     def eager(self) -> list[EagerOp]:
@@ -74,21 +84,29 @@ class Explanation:
 
     def __str__(self) -> str:
         lines = list(self.notes)
-        for part in self.parts:
-            if isinstance(part, NativeRegion):
-                ops = ", ".join(f"{op} x{n}" for op, n in sorted(part.ops.items()))
-                lines.append(f"native {part.name}: {sum(part.ops.values())} ops ({ops})")
-                if part.program.ranges:
-                    lines.append(f"       serves sizes {part.program.serves()}")
-            else:
-                lines.append(f"eager  {part.op}: {part.reason} — at {part.where}")
+        lines += [f"internal error {f.short()} — its ops run eagerly; please report this torchtosa bug"
+                  for f in self.failures]
+        for failed, group in itertools.groupby(self.parts, key=_failed_region):
+            if failed is not None:  # one line for the ops of a region that failed to compile
+                group = list(group)
+                lines.append(f"eager  {len(group)} ops of a native region that failed to compile "
+                             f"({_counted(p.op for p in group)}): the internal error above")
+                continue
+            for part in group:
+                if isinstance(part, NativeRegion):
+                    lines.append(f"native {part.name}: {sum(part.ops.values())} ops ({_counted(part.ops.elements())})")
+                    if part.program.ranges:
+                        lines.append(f"       serves sizes {part.program.serves()}")
+                else:
+                    lines.append(f"eager  {part.op}: {part.reason} — at {part.where}")
         return "\n".join(lines)
 
     def summary(self) -> str:
         """One line: how many ops fell back and why."""
         total = self.native_ops + len(self.eager)
-        why = Counter(f"{e.op} ({e.reason})" for e in self.eager)
-        listed = "; ".join(f"{w} x{n}" if n > 1 else w for w, n in why.most_common(4))
+        failed = [f"internal error {f.short()} (a torchtosa bug: please report it)" for f in self.failures]
+        why = Counter(f"{e.op} ({e.reason})" for e in self.eager if e.failure is None)
+        listed = "; ".join([*failed, *(f"{w} x{n}" if n > 1 else w for w, n in why.most_common(4))])
         more = f"; and {len(why) - 4} more" if len(why) > 4 else ""
         return f"torchtosa: {len(self.eager)} of {total} ops run eagerly: {listed}{more} (see explain())"
 
@@ -101,47 +119,144 @@ class Explanation:
                 count += 1
         self.parts += other.parts
         self.notes += other.notes
+        self.failures += other.failures
 
 
 def split(gm: fx.GraphModule, compile_region: CompileRegion,
           min_ops: int) -> tuple[Callable[..., Any], Explanation]:
     """A callable running `gm` (its flat outputs as a sequence) with its supported regions
     as native code, and what runs where."""
-    checked = {n.name: unsupported_reason(n) for n in gm.graph.nodes
+    failures: dict[str, InternalError] = {}  # node -> torchtosa's own error on it
+    checked = {n.name: _checked(n, failures) for n in gm.graph.nodes
                if n.op == "call_function" and n.target is not operator.getitem}
     for src, copy in in_place_writes(gm).items():
         checked[src.name] = f"writes into input {copy.args[0].name} in place"
-    forced: dict[str, str] = {}  # node -> reason, for nodes the importer rejected
+    forced: dict[str, str] = {}  # node -> reason, for nodes the importer rejected or failed on
     while True:
         try:  # _attempt adds reasons of its own (small regions): a fresh dict each time
-            return _attempt(gm, {**checked, **forced}, compile_region, min_ops)
+            return _attempt(gm, {**checked, **forced}, compile_region, min_ops, dict(failures))
         except TorchTosaError as err:
             node = getattr(err, "node", None)
             if node is None or node in forced:
                 raise
-            forced[node] = str(err).rsplit(" — ", 1)[-1]
+            if isinstance(err, InternalError):
+                failures[node] = err
+                forced[node] = f"internal error lowering it: {err.detail}"
+            else:
+                forced[node] = str(err).rsplit(" — ", 1)[-1]
+
+
+def _checked(node: fx.Node, failures: dict[str, InternalError]) -> str | None:
+    """`unsupported_reason` of a node; an exception of its rules is torchtosa's bug (in `failures`)."""
+    try:
+        return unsupported_reason(node)
+    except Exception as err:
+        if not is_internal(err):
+            raise
+        failures[node.name] = internal_error(err, node=node, stage="checking its rules")
+        return f"internal error checking its rules: {failures[node.name].detail}"
 
 
 def _attempt(gm: fx.GraphModule, reasons: dict[str, str | None], compile_region: CompileRegion,
-             min_ops: int) -> tuple[Callable[..., Any], Explanation]:
+             min_ops: int, failures: dict[str, InternalError]) -> tuple[Callable[..., Any], Explanation]:
     if not any(reasons.values()):  # all native: one function, no outer graph
-        program, native = compile_region(gm)
+        try:
+            program, native = compile_region(gm)
+        except (InternalError, Unsupported) as err:
+            return gm, all_eager(gm, _region_failure(err, gm))  # the captured graph itself runs eagerly
         return native, all_native(gm, program)
     outer = _copy(gm)
-    partitioner = CapabilityBasedPartitioner(outer, _Support(reasons), allows_single_node_partition=True)
-    partitions = partitioner.propose_partitions()
-    for p in partitions:
-        if _size(p) < min_ops:
-            for node in p.nodes:
-                if node.target is not operator.getitem:
-                    reasons[node.name] = f"in a native region of {_size(p)} op(s), under min_region_ops={min_ops}"
+    while True:  # until no eager op reads the storage beneath a native view
+        partitioner = CapabilityBasedPartitioner(outer, _Support(reasons), allows_single_node_partition=True)
+        partitions = partitioner.propose_partitions()
+        for p in partitions:
+            if _size(p) < min_ops:
+                for node in p.nodes:
+                    if node.target is not operator.getitem:
+                        reasons[node.name] = f"in a native region of {_size(p)} op(s), under min_region_ops={min_ops}"
+        if not _eager_storage_views(outer, reasons):
+            break
+    _lay_out_storage_bases(outer, reasons)
     big = [p for p in partitions if _size(p) >= min_ops]
     fused = partitioner.fuse_partitions(big) if big else outer
-    regions = _compile_regions(fused, compile_region)
+    regions = _compile_regions(fused, compile_region, failures)
     for gone in update_in_place(fused):
         reasons.pop(gone)
     _views_as_reshapes(fused)
-    return fused, _explain(gm, reasons, regions)
+    return fused, _explain(gm, reasons, regions, failures)
+
+
+# Ops that read the storage beneath their input, not only its elements.
+_STORAGE_READERS = {torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_scatter.default}
+
+
+def _storage_chain(node: fx.Node) -> list[fx.Node]:
+    """The views `node` reads its first argument through, outermost last (getitems with their
+    multi-output view), ending before the value that owns their storage."""
+    chain: list[fx.Node] = []
+    src = node.args[0]
+    while isinstance(src, fx.Node) and src.op == "call_function":
+        producer = src.args[0] if src.target is operator.getitem else src
+        if not _is_view(producer):
+            break  # a fresh tensor owns its storage
+        chain.append(src)
+        src = producer.args[0]
+    return chain
+
+
+def _is_view(node: Any) -> bool:
+    """Whether a node is an aten view: its result aliases its first argument, which it does not write."""
+    schema = getattr(node.target, "_schema", None) if isinstance(node, fx.Node) else None
+    return (schema is not None and not schema.is_mutable and bool(schema.arguments)
+            and schema.arguments[0].alias_info is not None)
+
+
+def _eager_storage_views(gm: fx.GraphModule, reasons: dict[str, str | None]) -> bool:
+    """Make eager the views beneath an eager op that reads its input's storage (as_strided):
+    eagerly, a view shares its base's storage, where a native region returns a fresh tensor
+    (an empty slice of an expanded view, whose storage offset lies beyond its own elements, then
+    read elements the fresh tensor does not have). Whether any reason was added."""
+    added = False
+    for node in gm.graph.nodes:
+        if node.target not in _STORAGE_READERS or reasons.get(node.name) is None:
+            continue
+        for view in _storage_chain(node):
+            name = view.name if view.target is not operator.getitem else view.args[0].name
+            if reasons.get(name) is None:
+                reasons[name] = f"a view whose storage an eager {node.target} reads"
+                added = True
+    return added
+
+
+def _lay_out_storage_bases(gm: fx.GraphModule, reasons: dict[str, str | None]) -> None:
+    """Give the tensor that owns the storage beneath an eager storage reader's views the strides
+    the graph's metadata gives it: out of a native region it is contiguous, out of eager ops on
+    such tensors it may be laid out otherwise too, where eagerly a permuted result (`x.t() * 2`)
+    keeps its input's strides."""
+    for node in list(gm.graph.nodes):
+        if node.target not in _STORAGE_READERS or reasons.get(node.name) is None:
+            continue
+        chain = _storage_chain(node)
+        first = chain[-1] if chain else node
+        base = first.args[0]
+        val = base.meta.get("val") if isinstance(base, fx.Node) and base.op == "call_function" else None
+        if not isinstance(val, torch.Tensor) or not all(isinstance(t, int) for t in val.stride()):
+            continue  # an input's layout is the compiled signature's
+        with gm.graph.inserting_before(first):
+            laid = gm.graph.call_function(_laid_out, (base, tuple(val.stride())))
+        laid.meta["val"] = val
+        reasons[laid.name] = f"lays out the storage an eager {node.target} reads"
+        first.replace_input_with(base, laid)
+    gm.recompile()
+
+
+def _laid_out(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
+    """`t`, or a copy of it with the strides `stride` (of a fresh tensor: dense, at offset 0)."""
+    if t.stride() == stride and t.storage_offset() == 0:
+        return t
+    out = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
 
 
 def _views_as_reshapes(gm: fx.GraphModule) -> None:
@@ -188,12 +303,20 @@ class _NativeCall(torch.nn.Module):
         return outs[0] if self.single else tuple(outs)
 
 
-def _compile_regions(fused: fx.GraphModule, compile_region: CompileRegion) -> dict[str, tuple[str, Program]]:
-    """Compile every fused submodule; node name -> (region name, program)."""
+def _compile_regions(fused: fx.GraphModule, compile_region: CompileRegion,
+                     failures: dict[str, InternalError]) -> dict[str, tuple[str, Program]]:
+    """Compile every fused submodule; node name -> (region name, program). A submodule whose
+    compile failed stays the graph of aten ops it is, run eagerly (its nodes in `failures`)."""
     regions: dict[str, tuple[str, Program]] = {}
     for node in fused.graph.find_nodes(op="call_module"):
         sub = getattr(fused, node.target)
-        program, native = compile_region(sub)
+        try:
+            program, native = compile_region(sub)
+        except (InternalError, Unsupported) as err:
+            failure = _region_failure(err, sub)
+            _views_as_reshapes(sub)  # its inputs may come from native regions, contiguous
+            failures.update(dict.fromkeys((n.name for n in sub.graph.nodes if n.op == "call_function"), failure))
+            continue
         single = not isinstance(sub.graph.output_node().args[0], (tuple, list))
         setattr(fused, node.target, _NativeCall(native, single))
         for inner in sub.graph.nodes:
@@ -202,9 +325,19 @@ def _compile_regions(fused: fx.GraphModule, compile_region: CompileRegion) -> di
     return regions
 
 
-def _explain(gm: fx.GraphModule, reasons: dict[str, str | None],
-             regions: dict[str, tuple[str, Program]]) -> Explanation:
-    explanation = Explanation()
+def _region_failure(err: InternalError | Unsupported, region: fx.GraphModule) -> InternalError:
+    """The InternalError that makes a region run eagerly; an error that blames a node is the
+    partitioner's to move to eager (raised again). The importer rejecting a region the
+    partitioner accepted, for no node of it, is torchtosa's bug too."""
+    if getattr(err, "node", None) is not None:
+        raise err
+    return err if isinstance(err, InternalError) else internal_error(err, region, stage="import to TOSA")
+
+
+def _explain(gm: fx.GraphModule, reasons: dict[str, str | None], regions: dict[str, tuple[str, Program]],
+             failures: dict[str, InternalError] | None = None) -> Explanation:
+    failures = failures or {}
+    explanation = Explanation(failures=list(dict.fromkeys(failures.values())))
     by_region: dict[str, NativeRegion] = {}
     for node in gm.graph.nodes:
         if (node.op != "call_function" or node.target is operator.getitem or node.name not in reasons
@@ -218,14 +351,43 @@ def _explain(gm: fx.GraphModule, reasons: dict[str, str | None],
                 explanation.parts.append(by_region[name])
             by_region[name].ops[op] += 1
         else:
-            explanation.parts.append(EagerOp(op, reasons.get(node.name) or "not lowered", where(node)))
+            failure = failures.get(node.name)
+            reason = reasons.get(node.name) or "not lowered"
+            if failure is not None and reasons.get(node.name) is None:  # a region that failed to compile
+                reason = f"{_REGION_FAILED}: internal error{_in(failure)}: {failure.detail}"
+            explanation.parts.append(EagerOp(op, reason, where(node), failure))
     return explanation
+
+
+def _in(failure: InternalError) -> str:
+    return f" in {failure.stage}" if failure.stage else ""
+
+
+_REGION_FAILED = "its native region failed to compile"
+
+
+def _failed_region(part: NativeRegion | EagerOp) -> int | None:
+    """The identity of the failure an eager op's region failed to compile with, or None."""
+    if isinstance(part, EagerOp) and part.failure is not None and part.reason.startswith(_REGION_FAILED):
+        return id(part.failure)
+    return None
+
+
+def _counted(ops: Iterable[str]) -> str:
+    """`aten.add.Tensor x1, aten.mul.Tensor x2`: each op and how often, sorted."""
+    return ", ".join(f"{op} x{n}" for op, n in sorted(Counter(ops).items()))
 
 
 def all_native(gm: fx.GraphModule, program: Program) -> Explanation:
     """The explanation of a graph compiled whole."""
     nodes = [n.name for n in gm.graph.nodes if n.op == "call_function"]
     return _explain(gm, dict.fromkeys(nodes), dict.fromkeys(nodes, ("forward", program)))
+
+
+def all_eager(gm: fx.GraphModule, failure: InternalError) -> Explanation:
+    """The explanation of a graph that runs eagerly as a whole because compiling it failed."""
+    nodes = [n.name for n in gm.graph.nodes if n.op == "call_function"]
+    return _explain(gm, dict.fromkeys(nodes), {}, dict.fromkeys(nodes, failure))
 
 
 def warn_fallbacks(explanation: Explanation) -> None:

@@ -9,7 +9,8 @@ eval mode), and the models of tests/test_models.py. Each program is classified b
 - native: every aten op in native code;
 - partly: some ops native, some eager (or graph breaks between native graphs);
 - eager: none native (every op is one TOSA cannot hold, e.g. complex or sparse);
-- fail: torchtosa raised, or the result differs from eager (the goal is none).
+- fail: torchtosa raised, a region fell back on torchtosa's own error (`explain().failures`:
+  the program runs, but it is a bug), or the result differs from eager (the goal is none).
 
 Programs eager itself rejects are not counted. Results go to docs/corpus.json, which
 scripts/coverage.py turns into a section of docs/coverage.md.
@@ -146,6 +147,8 @@ def classify(fn: Callable[..., Any], inputs: tuple[Any, ...]) -> tuple[str, str,
         _compare(got, want)
     except AssertionError as err:
         return "fail", f"differs from eager: {str(err).splitlines()[0][:200]}", []
+    if explanation.failures:
+        return "fail", f"runs eagerly after internal error {explanation.failures[0].short()}"[:200], []
     eager = [f"{p.op}: {p.reason}" for p in explanation.parts if isinstance(p, EagerOp)]
     native = any(isinstance(p, NativeRegion) for p in explanation.parts)
     if not native:

@@ -6,6 +6,8 @@ silent fallback of everything would fail as surely as a wrong answer.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import warnings
 
 import pytest
@@ -14,6 +16,7 @@ from torch import nn
 
 import torchtosa
 from torchtosa import FallbackWarning, Unsupported
+from torchtosa.lower import schedule
 from torchtosa.regions import EagerOp, NativeRegion
 
 STRICT = {"fallback": "error"}
@@ -293,3 +296,143 @@ def test_ops_left_to_pytorch_say_why_from_the_eager_table() -> None:
         c = torchtosa.compile(noisy, x)
     torch.testing.assert_close(c(x), x * 2 + 1)
     assert "opdefs/eager.yaml:" in eager_ops(c.explain())["aten.rand.default"]
+
+
+RANDOM = {
+    "rrelu": lambda x: (torch.nn.functional.rrelu(x, training=True),),
+    "native_dropout": lambda x: torch.ops.aten.native_dropout(x, 0.5, True),
+    "dropout-between-native-ops": lambda x: (d := torch.nn.functional.dropout(x * 2, 0.5, training=True), d.exp() + 1),
+}
+
+
+@pytest.mark.parametrize("name", RANDOM)
+def test_random_ops_draw_what_eager_draws_after_the_same_seed(name: str) -> None:
+    """Compiling runs the function once (the recorded capture): the generator's state is saved
+    and restored around it, as Dynamo does around tracing, so the random ops, which run eagerly,
+    draw eager's stream and a seeded program stays reproducible (issue 31). Their results are
+    equal; a native op's (exp) may be an ulp off."""
+    fn, x = RANDOM[name], torch.randn(6, 7)
+    torch.manual_seed(0)
+    with pytest.warns(FallbackWarning, match="random|native_dropout"):
+        compiled = torchtosa.compile(fn, x)
+    got = [compiled(x) for _ in range(2)]
+    torch.manual_seed(0)
+    want = [fn(x) for _ in range(2)]
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g[0], w[0])
+        for rest, expected in zip(g[1:], w[1:], strict=True):
+            torch.testing.assert_close(rest, expected)
+    torch.manual_seed(0)
+    eager = fn(x)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    with pytest.warns(FallbackWarning, match="random|native_dropout"):
+        assert torch.equal(torch.compile(fn, backend="torchtosa")(x)[0], eager[0])
+
+
+# ------------------------------------------------------------ torchtosa's own errors
+
+
+class TopkThenNorm(nn.Module):
+    """Two native regions around an eager topk; the second sums squares over two dims (rms_norm)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.w = nn.Linear(16, 16), nn.Parameter(torch.rand(2, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        values = torch.topk(self.a(x), 8).values
+        return torch.nn.functional.rms_norm(values.reshape(-1, 2, 4), [2, 4], self.w, eps=0.5) * 2
+
+
+def _broken(op: object) -> None:
+    raise IndexError("injected")
+
+
+def test_an_internal_error_in_the_scheduler_runs_its_region_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exception of our own scheduler (here injected where it merges the sum of squares'
+    reduction loops) is not the user's problem: that region runs eagerly, the other stays
+    native, the compile warns once (not per call) naming the error, the op and the source line,
+    and explain() says so. With fallback="error" it is an InternalError naming the op."""
+    _no_topk_entry(monkeypatch)
+    monkeypatch.setattr(schedule, "_collapse_reductions", _broken)
+    torchtosa.api.CACHE.clear()  # a cached region would not be scheduled again
+    model, x = TopkThenNorm().eval(), torch.randn(3, 16)
+    with torch.no_grad():
+        want = model(x)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = torchtosa.compile(model, x)
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), want)
+        dynamo = torch.compile(model, backend="torchtosa")
+        for _ in range(2):
+            torch.testing.assert_close(dynamo(x), want)
+    messages = [str(w.message) for w in caught if issubclass(w.category, FallbackWarning)]
+    assert len(messages) == 2  # one per compile: torchtosa.compile and torch.compile
+    assert re.search(r"internal error on aten\.mean\.dim \(.*test_fallback\.py:\d+: .*rms_norm.*\) in stage "
+                     r"'schedule': IndexError: injected \(a torchtosa bug: please report it\)", messages[0])
+    explanation = compiled.explain()
+    assert regions(explanation)[:2] == ["native", "aten.topk.default"]
+    (failure,) = explanation.failures
+    assert (failure.op, failure.stage, failure.detail) == ("aten.mean.dim", "stage 'schedule'", "IndexError: injected")
+    norm = [e for e in explanation.eager if e.op != "aten.topk.default"]
+    assert norm and all(e.failure is failure and "failed to compile" in e.reason for e in norm)
+    assert str(explanation).startswith("internal error on aten.mean.dim")
+
+    def rms(v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.rms_norm(v, [2, 4], w, eps=0.5)
+
+    v = torch.randn(3, 2, 4)
+    with pytest.raises(torchtosa.InternalError, match=r"(?s)aten\.mean\.dim .*test_fallback\.py:\d+.*"
+                       r"stage 'schedule': IndexError: injected.*please report") as info:
+        torchtosa.compile(rms, v, model.w, fallback="error")
+    assert isinstance(info.value.__cause__, IndexError)
+    torchtosa.api.CACHE.clear()
+
+
+def test_an_internal_error_lowering_one_node_runs_that_node_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exception of a lowering itself (here injected into relu's generated function) blames
+    its node: only that node runs eagerly, and fallback="error" raises InternalError naming it,
+    never the bare KeyError."""
+    from torchtosa.importer import registry as reg
+
+    table = dict(reg.registry())
+    entry = table["aten.relu.default"][0]
+
+    def lowering(b: object, *args: object) -> object:
+        if b is not None:  # the check-only call passes: only emitting IR fails
+            raise KeyError("injected")
+        return entry.fn(b, *args)
+
+    table["aten.relu.default"] = [dataclasses.replace(entry, fn=lowering)]
+    for where in ("torchtosa.importer.registry", "torchtosa.importer.support", "torchtosa.importer.graph"):
+        monkeypatch.setattr(f"{where}.registry", lambda: table)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return ((x @ x.T) * 2).relu().exp() + 1
+
+    x = torch.randn(4, 4)
+    with pytest.warns(FallbackWarning, match=r"internal error on aten\.relu\.default .* KeyError: 'injected'"):
+        compiled = torchtosa.compile(fn, x)
+    torch.testing.assert_close(compiled(x), fn(x))
+    assert regions(compiled.explain()) == ["native", "aten.relu.default", "native"]
+    with pytest.raises(torchtosa.InternalError, match=r"aten\.relu\.default .*test_fallback\.py:\d+") as info:
+        torchtosa.compile(fn, x, fallback="error")
+    assert isinstance(info.value.__cause__, KeyError)
+    with pytest.raises(torchtosa.InternalError, match=r"aten\.relu\.default"):
+        torchtosa.to_tosa(fn, x)
+
+
+def test_an_internal_error_of_the_partitioner_runs_the_graph_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last resort: an exception of the partitioner itself runs the whole graph with PyTorch."""
+    _no_topk_entry(monkeypatch)
+    monkeypatch.setattr("torchtosa.regions.update_in_place", _broken)
+    model, x = TopkBetweenLinears().eval(), torch.randn(3, 16)
+    with pytest.warns(FallbackWarning, match=r"internal error on \d+ ops \(aten.addmm.default x2, .* in "
+                      r"partitioning: IndexError: injected"):
+        compiled = torchtosa.compile(model, x)
+    for got, want in zip(compiled(x), model(x), strict=True):
+        torch.testing.assert_close(got, want)
+    assert not compiled.explain().native_ops
+    assert all(e.failure is not None for e in compiled.explain().eager)

@@ -672,12 +672,13 @@ def _dead_code_free(p: Program) -> Program:
     return Program(nodes, [new[i] for i in p.outputs])
 
 
-def shrink(p: Program, failing: Outcome, budget: int = 40) -> Program:
-    """Smaller programs that fail the same way: fewer outputs, then ops bypassed or dropped."""
+def shrink(p: Program, failing: Outcome, budget: int = 40, run: Callable[[Program], Outcome] | None = None) -> Program:
+    """Smaller programs that fail the same way (under `run`, by default `run_program`): fewer
+    outputs, then ops bypassed or dropped."""
     def fails(q: Program) -> bool:
         nonlocal budget
         budget -= 1
-        out = run_program(q)
+        out = (run or run_program)(q)
         return out.kind == "fail" and out.signature == failing.signature
 
     p = _dead_code_free(p)
@@ -700,9 +701,9 @@ def shrink(p: Program, failing: Outcome, budget: int = 40) -> Program:
     return p
 
 
-def report(p: Program, seed: int, out: Outcome) -> str:
+def report(p: Program, seed: int, out: Outcome, regressions: Path = REGRESSIONS) -> str:
     entry = {"name": f"seed-{seed}", "seed": seed, "expect": "pass", "bug": "...", "program": p.to_json()}
-    return (f"{out}\n\n{p.source()}\n\nregression entry for {REGRESSIONS.name}:\n"
+    return (f"{out}\n\n{p.source()}\n\nregression entry for {regressions.name}:\n"
             + json.dumps(entry))
 
 

@@ -6,6 +6,7 @@ the calling thread. Results match eager."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -17,7 +18,6 @@ import torchtosa
 from torchtosa.execute.native import _prepare
 from torchtosa.lower import schedule
 from torchtosa.lower.pipeline import lower
-from torchtosa.lower.tiles import Tiles
 
 
 class _Bmm(nn.Module):
@@ -63,10 +63,10 @@ def _split_ops(fn: Callable[..., torch.Tensor], args: tuple[torch.Tensor, ...],
     found: set[str] = set()
     script = schedule._script
 
-    def recording(groups: dict, tiles: Tiles) -> str:
+    def recording(groups: dict, *rest: Any) -> str:
         for key, ops in groups.items():
             found.update(op.name for op in ops if key[-1] or op.parent.name == "scf.forall")
-        return script(groups, tiles)
+        return script(groups, *rest)
 
     monkeypatch.setattr(schedule, "_script", recording)
     _lowered(fn, args, "bufferize")

@@ -187,6 +187,27 @@ def test_reduction_loops_read_as_one_run_are_merged(shape: tuple[int, ...]) -> N
         torch.testing.assert_close(torchtosa.compile(model, x)(x), model(x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("shapes", [((5, 6, 3), [5, 6, 3], (5, 6, 3), 0.7), ((1, 2, 3, 4), [2, 3, 4], (2, 3, 4), 0.8)],
+                         ids=["all-dims", "inner-dims"])
+def test_sum_of_squares_over_several_dims_is_merged(shapes: tuple) -> None:
+    """rms_norm over several dims sums x * x, one input read twice: the merged contraction reads
+    it twice too (it indexed a body argument that did not exist: IndexError, issue 31)."""
+    x_shape, normalized, w_shape, eps = shapes
+    x, w = torch.rand(x_shape), torch.rand(w_shape)
+
+    def rms(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.rms_norm(a, normalized, b, eps=eps)
+
+    module = _linalg(rms, x, w, stop_before="schedule")
+    squares = find_ops(module, lambda op: schedule._sum_of_products(op) is not None)
+    assert [str(op.attributes["iterator_types"]).count("reduction") for op in squares] == [len(normalized)]
+    schedule.collapse_reductions(module)
+    squares = find_ops(module, lambda op: schedule._sum_of_products(op) is not None)
+    assert [str(op.attributes["iterator_types"]).count("reduction") for op in squares] == [1]
+    for opt in pipeline.OPT_LEVELS:
+        torch.testing.assert_close(torchtosa.compile(rms, x, w, opt=opt, fallback="error")(x, w), rms(x, w))
+
+
 def test_linear_weight_is_transposed_panel_by_panel() -> None:
     """nn.Linear's weight is never transposed whole: each column panel is, into a buffer
     reused for every panel."""

@@ -109,14 +109,19 @@ def capture(
 
     With `outline`, a module's repeated layers (outline.py) are traced once each: if Dynamo
     refuses that (a graph break or side effect inside a block), every layer is traced as usual.
+
+    torch's random generator is left as it was (Dynamo saves and restores it around tracing;
+    the recorded run draws from it too): after `torch.manual_seed(s)`, the compiled function's
+    random ops, which run eagerly, draw what `fn`'s would.
     """
-    if outline and isinstance(fn, torch.nn.Module) and repeated_layers(fn):
-        try:
-            with outlined(fn):
-                return _traced(fn, args, kwargs)
-        except Exception:  # any refusal of the regions (Dynamo, AOTAutograd): trace without them
-            pass
-    return _traced(fn, args, kwargs)
+    with torch.random.fork_rng(devices=[]):
+        if outline and isinstance(fn, torch.nn.Module) and repeated_layers(fn):
+            try:
+                with outlined(fn):
+                    return _traced(fn, args, kwargs)
+            except Exception:  # any refusal of the regions (Dynamo, AOTAutograd): trace without them
+                pass
+        return _traced(fn, args, kwargs)
 
 
 def _traced(fn: Callable[..., Any] | torch.nn.Module, args: tuple[Any, ...],

@@ -28,7 +28,8 @@ from mlir.execution_engine import ExecutionEngine
 from .. import progress
 from ..capture.symbolic import Bound, Size, evaluator, free_symbols, symbol_sources
 from ..cpu import Cpu, runnable, select
-from ..errors import CompileError, InputMismatch, Unsupported
+from ..errors import CompileError, InputMismatch, MissingRuntime, Unsupported
+from ..internal import blame
 from ..lower.pipeline import Scratch, lower
 from . import toolchain
 
@@ -114,13 +115,17 @@ class NativeFunction:
         if opt == "parallel":
             _load_openmp_runtime()
         progress.stage("LLVM code generation")
-        if self.cpu.native:
-            self._engine = _jit(self._module)
-            address = self._engine.raw_lookup("_mlir_ciface_" + name)
-            if not address:
-                raise CompileError(f"JIT could not link @{name} (unresolved symbols are reported on stderr)")
-        else:
-            self._library, address = _load(self._module, name, self.cpu)
+        try:
+            if self.cpu.native:
+                self._engine = _jit(self._module)
+                address = self._engine.raw_lookup("_mlir_ciface_" + name)
+                if not address:
+                    raise CompileError(f"JIT could not link @{name} (unresolved symbols are reported on stderr)")
+            else:
+                self._library, address = _load(self._module, name, self.cpu)
+        except Exception as err:
+            blame(err, stage="LLVM code generation")
+            raise
         self._fn = _PACKED(address)
         self._layout = _FrameLayout([s.shape for s in self.inputs + self.outputs], scratch)
         self._free_frames: list[_Frame] = []
@@ -430,7 +435,7 @@ def _load_openmp_runtime() -> None:
     try:
         ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     except OSError as e:
-        raise CompileError(f"opt='parallel': loading the OpenMP runtime failed: {e}") from e
+        raise MissingRuntime(f"opt='parallel': loading the OpenMP runtime failed: {e}") from e
 
 
 def openmp_runtime() -> str:
@@ -441,7 +446,7 @@ def openmp_runtime() -> str:
         files = []
     found = [f for f in files if f.name == "libiomp5.so"]
     if not found:
-        raise CompileError("opt='parallel' needs the OpenMP runtime of the intel-openmp package (libiomp5.so): "
+        raise MissingRuntime("opt='parallel' needs the OpenMP runtime of the intel-openmp package (libiomp5.so): "
                            "pip install intel-openmp")
     return str(found[0].locate())
 
@@ -451,5 +456,5 @@ def _runner_utils() -> str:
     lib_dir = os.path.join(os.path.dirname(ir.__file__), "lib")
     found = sorted(glob.glob(os.path.join(lib_dir, "libmlir_c_runner_utils.*")))
     if not found:
-        raise CompileError(f"libmlir_c_runner_utils not found in {lib_dir}; MLIR package incomplete?")
+        raise MissingRuntime(f"libmlir_c_runner_utils not found in {lib_dir}; MLIR package incomplete?")
     return found[0]

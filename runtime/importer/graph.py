@@ -6,6 +6,7 @@ import dataclasses
 import operator
 import os
 import re
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from mlir.passmanager import PassManager
 from ..capture import symbolic
 from ..errors import InvalidInput, LoweringError, TorchTosaError, Unsupported
 from ..execute.native import TensorSpec
+from ..internal import internal_error
 from ..lower import irutil
 from . import target
 from .registry import registry
@@ -99,13 +101,19 @@ class Program:
 
 
 def user_frame(node: torch.fx.Node) -> tuple[str, int, str] | None:
-    """The innermost user source frame of a node: (file, line, code)."""
+    """The innermost user source frame of a node: (file, line, code). Frames in torch (the
+    Python of `F.rms_norm` or of an `nn.Linear`, which Dynamo traces into) and in torchtosa are
+    not the user's, unless every frame is."""
     trace = node.meta.get("stack_trace") or ""
     frames = [m for m in _FRAME.finditer(trace)]
     if not frames:
         return None
-    last = frames[-1]
+    last = next((m for m in reversed(frames) if not m["file"].startswith(_LIBRARIES)), frames[-1])
     return last["file"], int(last["line"]), last["code"].strip()
+
+
+# Where torch's and torchtosa's own source files are.
+_LIBRARIES = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules[__package__.rpartition(".")[0]]))
 
 
 def where(node: torch.fx.Node) -> str:
@@ -273,6 +281,10 @@ class Importer:
                 except TorchTosaError as err:
                     err.node = node.name  # which node failed: the partitioner then leaves it to eager
                     raise
+                except Exception as err:  # torchtosa's own bug (a rule builtin, the builder): still the node's
+                    failure = internal_error(err, node=node, stage="import to TOSA")
+                    failure.node = node.name
+                    raise failure from err
         raise LoweringError("the graph has no output node")
 
     def node(self, node: torch.fx.Node) -> Any:

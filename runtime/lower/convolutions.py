@@ -22,6 +22,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import linalg, tensor
 
+from ..internal import blaming
 from .irutil import find_ops, is_sub_byte
 
 CONV = "linalg.conv_2d_nhwc_fhwc"  # loops (n, oh, ow, f, kh, kw, c)
@@ -35,18 +36,21 @@ def rewrite_convolutions(module: ir.Module) -> None:
     drops unit dimensions ("unit-dims"), which then drops the multiplier's from the ops around."""
     with module.context, ir.Location.unknown():
         for op in find_ops(module, lambda op: op.name == CONV and _pointwise(op)):
-            _pointwise_as_matmul(op)
+            with blaming(op):
+                _pointwise_as_matmul(op)
         for op in find_ops(module, lambda op: op.name == _DEPTHWISE_M and _multiplier_one(op)):
-            _depthwise_hwc(op)
+            with blaming(op):
+                _depthwise_hwc(op)
 
 
 def pads_in_place(module: ir.Module) -> None:
     """`_pad_in_place` each static constant tensor.pad of a linalg op's result in `module`."""
     with module.context, ir.Location.unknown():
         for op in find_ops(module, lambda op: op.name == "tensor.pad" and _constant_pad(op) is not None):
-            producer = _padded_producer(op)
-            if producer is not None:
-                _pad_in_place(op, *producer)
+            with blaming(op):
+                producer = _padded_producer(op)
+                if producer is not None:
+                    _pad_in_place(op, *producer)
 
 
 def _static_f32(op: ir.Operation) -> bool:

@@ -34,6 +34,7 @@ from mlir.dialects import arith, linalg, memref, tensor
 from .. import progress
 from ..cpu import Cpu, select
 from ..errors import CompileError
+from ..internal import blame
 from . import vnni
 from .convolutions import rewrite_convolutions
 from .float_int8 import fast_int8_contractions
@@ -153,60 +154,65 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
             on_stage(stage, now - start)
             start = now
 
-    if opt != "none":
-        progress.stage("partition")
-        sink_transposes(module)  # consecutive convolutions stay NHWC, across part boundaries too
-        partition(module)
-        done("partition")
-    for stage, pipeline in PIPELINES.items():
-        if stage == stop_before:
-            break
-        if (stage in _OPTIMIZING_STAGES and opt == "none") or (stage in _PARALLEL_STAGES and opt != "parallel"):
-            continue
-        if stage in _DYNAMIC_STAGES and (opt == "none" or not _dynamic_shapes(module)):
-            continue
-        progress.stage(stage)
-        if stage == "schedule":
+    stage = "partition"  # the stage running: an exception of torchtosa's own is blamed on it
+    try:
+        if opt != "none":
+            progress.stage("partition")
+            sink_transposes(module)  # consecutive convolutions stay NHWC, across part boundaries too
+            partition(module)
+            done("partition")
+        for stage, pipeline in PIPELINES.items():
+            if stage == stop_before:
+                break
+            if (stage in _OPTIMIZING_STAGES and opt == "none") or (stage in _PARALLEL_STAGES and opt != "parallel"):
+                continue
+            if stage in _DYNAMIC_STAGES and (opt == "none" or not _dynamic_shapes(module)):
+                continue
+            progress.stage(stage)
+            if stage == "schedule":
+                try:
+                    schedule(module, parallel=opt == "parallel", cpu=cpu)
+                except ir.MLIRError as e:
+                    raise CompileError(f"stage {stage!r} failed: {e}") from e
+                done(stage)
+                continue
+            if stage == "tosa-to-linalg":
+                if opt != "none":
+                    separate_zero_points(module)
+                    fast_int8_contractions(module, cpu)
+                _exact_float_arith(module)
+            if stage == "fuse-before-reshapes":
+                _no_dynamic_broadcasts(module)
+            if stage in ("fuse-before-reshapes", "linalg"):
+                _split_boolean_producers(module)
+            if stage == "unit-dims":
+                rewrite_convolutions(module)  # 1x1 as matmuls, depthwise without the multiplier
+            if stage == "bufferize":
+                results = _result_counts(module)
+                _distinct_results(module)
+                _private_empty_tensors(module)
+            if stage == "llvm":
+                _reject_sub_byte_buffers(module)
+                if opt != "none":
+                    vnni.lower_calls(module)
+                    _results_in_place(module, results)
+                    scratch = _promote_allocations(module)
+            _verify(module, f"the input of stage {stage!r}")
+            private = private_arg_types(module) if stage == "llvm" and opt != "none" else {}
             try:
-                schedule(module, parallel=opt == "parallel", cpu=cpu)
+                run_passes(module, pipeline)
             except ir.MLIRError as e:
                 raise CompileError(f"stage {stage!r} failed: {e}") from e
+            if private:
+                constant_fields(module, private)
+                unoptimized_glue(module)
+            if stage == "llvm":
+                target(module, cpu)
             done(stage)
-            continue
-        if stage == "tosa-to-linalg":
-            if opt != "none":
-                separate_zero_points(module)
-                fast_int8_contractions(module, cpu)
-            _exact_float_arith(module)
-        if stage == "fuse-before-reshapes":
-            _no_dynamic_broadcasts(module)
-        if stage in ("fuse-before-reshapes", "linalg"):
-            _split_boolean_producers(module)
-        if stage == "unit-dims":
-            rewrite_convolutions(module)  # 1x1 as matmuls, depthwise without the multiplier
-        if stage == "bufferize":
-            results = _result_counts(module)
-            _distinct_results(module)
-            _private_empty_tensors(module)
-        if stage == "llvm":
-            _reject_sub_byte_buffers(module)
-            if opt != "none":
-                vnni.lower_calls(module)
-                _results_in_place(module, results)
-                scratch = _promote_allocations(module)
-        _verify(module, f"the input of stage {stage!r}")
-        private = private_arg_types(module) if stage == "llvm" and opt != "none" else {}
-        try:
-            run_passes(module, pipeline)
-        except ir.MLIRError as e:
-            raise CompileError(f"stage {stage!r} failed: {e}") from e
-        if private:
-            constant_fields(module, private)
-            unoptimized_glue(module)
-        if stage == "llvm":
-            target(module, cpu)
-        done(stage)
-    _verify(module, "the lowered module")
+        _verify(module, "the lowered module")
+    except Exception as err:
+        blame(err, stage=f"stage {stage!r}")
+        raise
     return scratch
 
 

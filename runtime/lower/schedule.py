@@ -53,12 +53,13 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from mlir import ir
 from mlir.dialects import arith, linalg, scf, tensor
 
 from ..cpu import Cpu, select
+from ..internal import blaming
 from . import vecmath
 from .convolutions import CONV as _CONV
 from .convolutions import DEPTHWISE as _DEPTHWISE
@@ -157,7 +158,8 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
     chunks = threads() if parallel else 1
     groups: dict[Key, list[ir.Operation]] = {}
     for op, tiling in plans(module, tiles):
-        split = thread_split(op, tiling, chunks)
+        with blaming(op):
+            split = thread_split(op, tiling, chunks)
         kind = op.name if op.name in _DECOMPOSED else _DOT if _dot_loops(op) is not None else ""
         groups.setdefault((kind, *tiling, split), []).append(op)
     planned = {op.operation for ops in groups.values() for op in ops}  # depthwise ones `plan` tiles
@@ -208,21 +210,27 @@ def pack_panels(module: ir.Module, parallel: bool = False, tiles: Tiles | None =
     tiles = tiles or derive(select())
     with module.context, ir.Location.unknown():
         for op in find_ops(module, lambda op: op.name in _CONTRACTIONS):
-            tiling = plan(op, tiles)
-            if tiling is None:
-                continue
-            sizes = tiling[0]
-            loops = _loop_sizes(op)
-            if loops[-2] is None:
-                continue  # a dynamic column count: its last panel would be partial
-            transposed = _dot_source(op, loops, tiles)
-            if transposed is not None:
-                _dot_form(op, transposed)
-                continue
-            source = _panel_source(op, loops, sizes)
-            if source is not None:
-                forall = parallel and threads() > 1 and _parallel_worth(loops, _CONTRACTIONS[op.name])
-                _column_panels(op, source, sizes[-2], forall)
+            with blaming(op):
+                _pack_panels(op, parallel, tiles)
+
+
+def _pack_panels(op: ir.Operation, parallel: bool, tiles: Tiles) -> None:
+    """`pack_panels` of one named contraction."""
+    tiling = plan(op, tiles)
+    if tiling is None:
+        return
+    sizes = tiling[0]
+    loops = _loop_sizes(op)
+    if loops[-2] is None:
+        return  # a dynamic column count: its last panel would be partial
+    transposed = _dot_source(op, loops, tiles)
+    if transposed is not None:
+        _dot_form(op, transposed)
+        return
+    source = _panel_source(op, loops, sizes)
+    if source is not None:
+        forall = parallel and threads() > 1 and _parallel_worth(loops, _CONTRACTIONS[op.name])
+        _column_panels(op, source, sizes[-2], forall)
 
 
 def _dot_source(op: ir.Operation, loops: tuple[Extent, ...], tiles: Tiles) -> ir.Operation | None:
@@ -477,7 +485,8 @@ def plans(module: ir.Module, tiles: Tiles | None = None) -> list[tuple[ir.Operat
     tiles = tiles or derive(select())
 
     def visit(op: ir.Operation) -> ir.WalkResult:
-        tiling = plan(op, tiles)
+        with blaming(op):
+            tiling = plan(op, tiles)
         if tiling is not None:
             found.append((op, tiling))
         return ir.WalkResult.ADVANCE
@@ -495,7 +504,7 @@ def plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
     input stays in cache while every row tile passes over it.
     """
     loops = _loop_sizes(op)
-    if loops is None or not loops or 0 in loops:
+    if loops is None or not loops or 0 in loops or _broadcast_product_to_scalar(op):
         return None
     t = tiles or derive(select())
     rows, columns = t.matmul
@@ -530,6 +539,16 @@ def plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
         sizes[-1] = _tile(loops[-1], t.transpose)
         sizes[inner] = _tile(loops[inner], t.transpose)
     return tuple(sizes), tuple(order), _partial(loops, sizes), ()
+
+
+def _broadcast_product_to_scalar(op: ir.Operation) -> bool:
+    """A sum of products into a 0-d result with an input broadcast along a loop (`(x * w).sum()`,
+    w of fewer dims): vectorized, MLIR's contraction patterns cast its scalar accumulator to a
+    vector and abort the process (found by tests/test_pipeline_fuzz.py). It stays loops."""
+    if _sum_of_products(op) is None or _map_dims(op)[-1]:
+        return False
+    n_loops = len(ir.ArrayAttr(op.attributes["iterator_types"]))
+    return any(len(dims) < n_loops for dims in _map_dims(op)[:-1])
 
 
 def _partial(loops: tuple[Extent, ...], sizes: list[int]) -> tuple[int, ...]:
@@ -656,7 +675,8 @@ def _rewrite_contractions(module: ir.Module, rewrite: Callable[[ir.Operation], N
     """Apply `rewrite` to each generic contraction (`_sum_of_products`) of `module`."""
     with module.context, ir.Location.unknown():
         for op in find_ops(module, lambda op: _sum_of_products(op) is not None):
-            rewrite(op)
+            with blaming(op):
+                rewrite(op)
 
 
 def _collapse_reductions(op: ir.Operation) -> None:
@@ -703,8 +723,11 @@ def _collapse_reductions(op: ir.Operation) -> None:
             inputs.append(value)
             dims.append([renumber[d] for d in operand_dims])
     kept = ir.ArrayAttr.get([a for d, a in enumerate(ir.ArrayAttr(op.attributes["iterator_types"])) if d not in merged])
-    mul, add = list(op.regions[0].blocks[0].operations)[:2]
-    _replace_with_contraction(op, inputs, dims, mul.name, add.name, [renumber[d] for d in maps[-1]], kept)
+    block = op.regions[0].blocks[0]
+    mul, add = list(block.operations)[:2]
+    # x * x (a sum of squares: rms_norm) reads one input twice; a factor may also be a value from above
+    factors = [_input_argument(v, block) if _input_argument(v, block) is not None else v for v in mul.operands]
+    _replace_with_contraction(op, inputs, dims, mul.name, add.name, [renumber[d] for d in maps[-1]], kept, factors)
 
 
 def _input_argument(value: ir.Value, block: ir.Block) -> int | None:
@@ -783,10 +806,12 @@ _ARITH = {"arith.mulf": arith.MulFOp, "arith.muli": arith.MulIOp,
 
 def _replace_with_contraction(op: ir.Operation, inputs: list[ir.Value], dims: list[list[int]],
                               mul: str, add: str, out_dims: list[int] | None = None,
-                              iterators: ir.ArrayAttr | None = None) -> None:
-    """Replace generic contraction `op` by `out + x * y` of the tensors `inputs` (x, y) read
-    along the loops `dims`, the output along `out_dims`, over the loops `iterators` (by default
-    `op`'s own)."""
+                              iterators: ir.ArrayAttr | None = None,
+                              factors: Sequence[int | ir.Value] = (0, 1)) -> None:
+    """Replace generic contraction `op` by `out + x * y` of the tensors `inputs` read along the
+    loops `dims`, the output along `out_dims`, over the loops `iterators` (by default `op`'s
+    own). x and y are `factors`: an input's position (by default the first two), or a value
+    defined above the op."""
     maps = _map_dims(op)
     iterators = iterators or op.attributes["iterator_types"]
     n_loops = len(ir.ArrayAttr(iterators))
@@ -798,8 +823,9 @@ def _replace_with_contraction(op: ir.Operation, inputs: list[ir.Value], dims: li
         types = [ir.RankedTensorType(v.type).element_type for v in [*inputs, init]]
         body = generic.regions[0].blocks.append(*types)
         with ir.InsertionPoint(body):
-            product = _ARITH[mul](body.arguments[0], body.arguments[1]).result
-            linalg.YieldOp([_ARITH[add](body.arguments[2], product).result])
+            x, y = (body.arguments[f] if isinstance(f, int) else f for f in factors)
+            product = _ARITH[mul](x, y).result
+            linalg.YieldOp([_ARITH[add](body.arguments[len(inputs)], product).result])
     op.results[0].replace_all_uses_with(generic.results[0])
     op.erase()
 
