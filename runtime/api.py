@@ -216,6 +216,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options,
             failure = err if isinstance(err, InternalError) else internal_error(err, gm, stage="partitioning")
             runner, explanation = gm, all_eager(gm, failure)
         warn_fallbacks(explanation)
+    explanation.cpu = cpu.describe()
     if shape_env is not None and len(shape_env.guards) > before:
         otherwise = _Specializing(gm, options) if respecialize else None
         runner = Guarded(runner, [g.expr for g in shape_env.guards[before:]], sources, otherwise)

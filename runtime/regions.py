@@ -73,6 +73,7 @@ class Explanation:
     notes: list[str] = field(default_factory=list)  # whole-graph facts (graph breaks)
     # torchtosa's own errors (bugs to report) whose ops run eagerly instead, in graph order
     failures: list[InternalError] = field(default_factory=list)
+    cpu: str | None = None  # the CPU table's entry native code was compiled for (`Cpu.describe`)
 
     @property
     def eager(self) -> list[EagerOp]:
@@ -84,6 +85,8 @@ class Explanation:
 
     def __str__(self) -> str:
         lines = list(self.notes)
+        if self.cpu is not None and any(isinstance(p, NativeRegion) for p in self.parts):
+            lines.append(f"native code for {self.cpu}")
         lines += [f"internal error {f.short()} — its ops run eagerly; please report this torchtosa bug"
                   for f in self.failures]
         for failed, group in itertools.groupby(self.parts, key=_failed_region):
@@ -120,6 +123,7 @@ class Explanation:
         self.parts += other.parts
         self.notes += other.notes
         self.failures += other.failures
+        self.cpu = self.cpu or other.cpu
 
 
 def split(gm: fx.GraphModule, compile_region: CompileRegion,

@@ -188,3 +188,10 @@ def test_a_base_cycle_is_an_error(tmp_path: Path) -> None:
                                  "refined:\n  doc: a refinement\n  base: refined"))
     with pytest.raises(SpecError, match="is its own base"):
         load_cpus(path)
+
+
+def test_explain_names_the_entry() -> None:
+    x = torch.randn(4, 8)
+    forced = RUNNABLE_X86[0]
+    assert f"native code for {forced} (" in str(torchtosa.compile(torch.tanh, x, cpu=forced).explain())
+    assert f"native code for {cpus.host().name} (this machine" in str(torchtosa.compile(torch.tanh, x).explain())
