@@ -16,7 +16,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import has_free_symbols
 
-from . import progress
+from . import debug, progress
 from .capture.freeze import fold_constants
 from .capture.freeze import freeze as freeze_graph
 from .capture.symbolic import evaluator, shape_env_of
@@ -101,8 +101,14 @@ class _Cache:
             hit = self.entries.get(key)
         if hit is not None:
             return hit
+        artifacts = debug.artifacts(*key[:3], opt, cpu)
+        if artifacts is not None:
+            artifacts.write("graph.py", gm.code)
+            artifacts.write("tosa.mlir", str(program.module))
+            artifacts.note(f"opt={opt!r}, cpu={cpu.describe()}")
+            artifacts.note(f"inputs {debug.signature(program.inputs)}; outputs {debug.signature(program.outputs)}")
         native = NativeFunction(program.module, program.inputs, program.outputs, opt=opt, ranges=program.ranges,
-                                scalars=program.scalars, cpu=cpu)
+                                scalars=program.scalars, cpu=cpu, artifacts=artifacts)
         self.compiles += 1
         run = GraphFunction(native, program, len(gm.graph.find_nodes(op="placeholder")))
         with self.lock:

@@ -10,6 +10,7 @@ import inspect
 import os
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -391,3 +392,28 @@ def test_missing_registry_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, fres
     monkeypatch.setitem(sys.modules, "torchtosa._generated.registry", None)  # importing it fails
     with pytest.raises(TorchTosaError, match=r"missing.*make gen"):
         torchtosa.to_tosa(foo, *xy)
+
+
+def test_debug_artifacts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TORCHTOSA_DEBUG: each native compile writes its graph, TOSA, the module after every stage,
+    the LLVM IR and its timings to a folder named by its key; an equal compile, the same folder."""
+    from torchtosa import debug
+    from torchtosa.api import CACHE
+
+    monkeypatch.setenv(debug.ENV, str(tmp_path))
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).eval()
+    x = torch.randn(2, 16)
+    CACHE.clear()
+    with torch.no_grad():
+        torchtosa.compile(model, x)(x)
+        (folder,) = tmp_path.iterdir()
+        CACHE.clear()
+        torchtosa.compile(model, x)(x)
+    assert [p.name for p in tmp_path.iterdir()] == [folder.name]
+    names = sorted(p.name for p in folder.iterdir())
+    assert {"graph.py", "tosa.mlir", "kernel.ll", "compile.txt"} <= set(names)
+    assert "aten.addmm" in (folder / "graph.py").read_text() and "tosa.matmul" in (folder / "tosa.mlir").read_text()
+    stages = [n for n in names if n.endswith(".mlir") and n[:2].isdigit()]
+    assert stages[0] == "01-partition.mlir" and stages[-1].endswith("-llvm.mlir")
+    log = (folder / "compile.txt").read_text()
+    assert "inputs f32[32, 16]" in log and "schedule: " in log and "LLVM code generation" in log

@@ -16,6 +16,7 @@ import math
 import operator
 import os
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ import torch
 from mlir import ir
 from mlir.execution_engine import ExecutionEngine
 
-from .. import progress
+from .. import debug, progress
 from ..capture.symbolic import Bound, Size, evaluator, free_symbols, symbol_sources
 from ..cpu import Cpu, runnable, select
 from ..errors import CompileError, InputMismatch, MissingRuntime, Unsupported
@@ -94,6 +95,7 @@ class NativeFunction:
         ranges: dict[sympy.Symbol, tuple[int, int | None]] | None = None,
         scalars: dict[int, sympy.Symbol] | None = None,
         cpu: Cpu | None = None,
+        artifacts: debug.Artifacts | None = None,
     ) -> None:
         """Lower a clone of `module` (which stays untouched) and JIT `@name`.
 
@@ -104,14 +106,19 @@ class NativeFunction:
         the module; its value comes from the inputs at each call (within `ranges`, per symbol):
         from a dim, or from an input that holds it (`scalars`: input position -> symbol). `cpu` is
         the entry of the CPU table the code is for (by default `cpu.select()`); this machine must
-        run it.
+        run it. With `artifacts` (TORCHTOSA_DEBUG), the module after each stage, the LLVM IR and
+        the time of each step are written there.
         """
         self.inputs = tuple(inputs)
         self.outputs = tuple(outputs)
         self.name = name
         self.cpu = runnable(cpu or select())
         self._module = _prepare(module, name, self.inputs, self.outputs)
-        scratch = lower(self._module, opt, cpu=self.cpu)
+        on_stage = None if artifacts is None else lambda stage, s: artifacts.stage(stage, s, self._module)
+        scratch = lower(self._module, opt, cpu=self.cpu, on_stage=on_stage)
+        if artifacts is not None:
+            artifacts.write("kernel.ll", toolchain.llvm_ir(self._module))
+        started = time.perf_counter()
         if opt == "parallel":
             _load_openmp_runtime()
         progress.stage("LLVM code generation")
@@ -126,6 +133,9 @@ class NativeFunction:
         except Exception as err:
             blame(err, stage="LLVM code generation")
             raise
+        if artifacts is not None:
+            artifacts.note(f"LLVM code generation ({'JIT' if self.cpu.native else 'opt, llc, cc'}): "
+                           f"{time.perf_counter() - started:.3f} s")
         self._fn = _PACKED(address)
         self._layout = _FrameLayout([s.shape for s in self.inputs + self.outputs], scratch)
         self._free_frames: list[_Frame] = []
