@@ -8,6 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+# Tests compile in memory (the JIT) unless they ask for the disk cache (tests/test_disk_cache.py);
+# subprocesses inherit it.
+os.environ.setdefault("TORCHTOSA_CACHE", "0")
+
 
 @pytest.fixture(autouse=True)
 def _seed() -> None:

@@ -32,7 +32,7 @@ from ..cpu import Cpu, runnable, select
 from ..errors import CompileError, InputMismatch, MissingRuntime, Unsupported
 from ..internal import blame
 from ..lower.pipeline import Scratch, lower
-from . import toolchain
+from . import disk_cache, toolchain
 
 # Element type of each supported dtype at the boundary, as the TOSA builder
 # (tosa.py) types it; bool is a byte holding 0 or 1.
@@ -97,7 +97,9 @@ class NativeFunction:
         cpu: Cpu | None = None,
         artifacts: debug.Artifacts | None = None,
     ) -> None:
-        """Lower a clone of `module` (which stays untouched) and JIT `@name`.
+        """Lower a clone of `module` (which stays untouched) and compile `@name`: with the JIT, or,
+        where the disk cache is on (`disk_cache`), by `opt`/`llc` into a shared library kept
+        there, which a later compile of the same module loads instead (`self.cached`).
 
         `module` holds `func.func @name` taking and returning tensors of types
         `inputs` and `outputs` (see TensorSpec.mlir_type_str). Raises
@@ -113,29 +115,39 @@ class NativeFunction:
         self.outputs = tuple(outputs)
         self.name = name
         self.cpu = runnable(cpu or select())
-        self._module = _prepare(module, name, self.inputs, self.outputs)
-        on_stage = None if artifacts is None else lambda stage, s: artifacts.stage(stage, s, self._module)
-        scratch = lower(self._module, opt, cpu=self.cpu, on_stage=on_stage)
-        if artifacts is not None:
-            artifacts.write("kernel.ll", toolchain.llvm_ir(self._module))
-        started = time.perf_counter()
         if opt == "parallel":
             _load_openmp_runtime()
-        progress.stage("LLVM code generation")
-        try:
-            if self.cpu.native:
-                self._engine = _jit(self._module)
-                address = self._engine.raw_lookup("_mlir_ciface_" + name)
-                if not address:
-                    raise CompileError(f"JIT could not link @{name} (unresolved symbols are reported on stderr)")
-            else:
-                self._library, address = _load(self._module, name, self.cpu)
-        except Exception as err:
-            blame(err, stage="LLVM code generation")
-            raise
-        if artifacts is not None:
-            artifacts.note(f"LLVM code generation ({'JIT' if self.cpu.native else 'opt, llc, cc'}): "
-                           f"{time.perf_counter() - started:.3f} s")
+        entry = None
+        if disk_cache.folder() is not None:
+            entry = disk_cache.key(str(module), repr((name, self.inputs, self.outputs)), opt, self.cpu)
+        cached = disk_cache.load(entry) if entry is not None else None
+        self.cached = cached is not None
+        if cached is not None:
+            path, meta = cached
+            scratch = [(tuple(shape), width) for shape, width in meta["scratch"]]
+            self._library, address = _open(path, name)
+        else:
+            self._module = _prepare(module, name, self.inputs, self.outputs)
+            on_stage = None if artifacts is None else lambda stage, s: artifacts.stage(stage, s, self._module)
+            scratch = lower(self._module, opt, cpu=self.cpu, on_stage=on_stage)
+            if artifacts is not None:
+                artifacts.write("kernel.ll", toolchain.llvm_ir(self._module))
+            started = time.perf_counter()
+            progress.stage("LLVM code generation")
+            try:
+                if self.cpu.native and entry is None:
+                    self._engine = _jit(self._module)
+                    address = self._engine.raw_lookup("_mlir_ciface_" + name)
+                    if not address:
+                        raise CompileError(f"JIT could not link @{name} (unresolved symbols are reported on stderr)")
+                else:
+                    self._library, address = _load(self._module, name, self.cpu, entry, scratch)
+            except Exception as err:
+                blame(err, stage="LLVM code generation")
+                raise
+            if artifacts is not None:
+                how = "JIT" if self.cpu.native and entry is None else "opt, llc, cc"
+                artifacts.note(f"LLVM code generation ({how}): {time.perf_counter() - started:.3f} s")
         self._fn = _PACKED(address)
         self._layout = _FrameLayout([s.shape for s in self.inputs + self.outputs], scratch)
         self._free_frames: list[_Frame] = []
@@ -350,17 +362,27 @@ def _read_only(attrs: ir.DictAttr | None) -> ir.DictAttr:
     return ir.DictAttr.get(entries)
 
 
-def _load(module: ir.Module, name: str, cpu: Cpu) -> tuple[ctypes.CDLL, int]:
-    """Compile an LLVM-dialect module for another entry of the CPU table than the host's, as
-    `export_library` does (`opt` and `llc` for the entry's CPU, then `cc -shared`), and load it:
-    the library, and the address of `@name`'s packed wrapper (the JIT's calling convention).
+def _load(module: ir.Module, name: str, cpu: Cpu, entry: str | None,
+          scratch: list[Scratch]) -> tuple[ctypes.CDLL, int]:
+    """Compile an LLVM-dialect module as `export_library` does (`opt` and `llc` for the entry's
+    CPU, then `cc -shared`), keep it in the disk cache under `entry` (with its `scratch`) if not
+    None, and load it: the library, and the address of `@name`'s packed wrapper.
 
-    Not the JIT: its target machine is the host's, and functions compiled for a narrower CPU
-    within it (target-cpu attributes) were seen to compute wrong results (an int64 topk with
-    AVX2 code on an AVX-512 host) that the same code compiled by llc for that CPU does not.
+    Code for another entry of the CPU table than the host's is always compiled so, not by the
+    JIT: the JIT's target machine is the host's, and functions compiled for a narrower CPU within
+    it (target-cpu attributes) were seen to compute wrong results (an int64 topk with AVX2 code
+    on an AVX-512 host) that the same code compiled by llc for that CPU does not.
     """
-    with tempfile.TemporaryDirectory(prefix="torchtosa-cpu-") as tmp:
-        library = ctypes.CDLL(str(shared_object(module, name, cpu, Path(tmp))))  # mapped: the file may go
+    with tempfile.TemporaryDirectory(prefix="torchtosa-") as tmp:
+        path = shared_object(module, name, cpu, Path(tmp))
+        if entry is not None:
+            path = disk_cache.store(entry, path, {"scratch": scratch})
+        return _open(path, name)  # mapped: the temporary file may go
+
+
+def _open(path: Path, name: str) -> tuple[ctypes.CDLL, int]:
+    """A library of `shared_object`, loaded, and the address of `@name`'s packed wrapper."""
+    library = ctypes.CDLL(str(path))
     return library, ctypes.cast(getattr(library, PACKED_PREFIX + name), ctypes.c_void_p).value
 
 

