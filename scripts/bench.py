@@ -3,8 +3,10 @@
 Workloads (float32, random weights and inputs, eval mode, under torch.no_grad):
 an MLP, a torch.nn TransformerEncoderLayer, a conv block, a 1024^3 matmul, a small
 `transformers` BertModel, and `transformers` ResNetModel (ResNet-50) and MobileNetV2Model (1.0)
-on 224x224 images at batch 1 and 8 (all built from configs: nothing is downloaded; the CNNs'
-BatchNorms get random running statistics and affine parameters, as the conv block's).
+on 224x224 images at batch 1 and 8, ConvNeXt-T at batch 1, two r3d_18 blocks (3-D convolutions,
+128 channels, 8x28x28) and one decoding step's linear of a ~0.25B Llama (1x1024 -> 2816, memory
+bound) (all built from configs: nothing is downloaded; the CNNs' BatchNorms get random running
+statistics and affine parameters, as the conv block's).
 
 Backends:
 - torchtosa opt="default" (one thread), opt="parallel" (large matmuls' column panels on OpenMP
@@ -183,6 +185,37 @@ def build_mobilenet_v2(batch: int) -> tuple[nn.Module, Inputs]:
     return _randomize_bn(MobileNetV2Model(MobileNetV2Config())), (torch.randn(batch, 3, 224, 224),)
 
 
+def build_convnext_tiny(batch: int) -> tuple[nn.Module, Inputs]:
+    # ConvNextConfig's defaults are ConvNeXt-T (depths 3-3-9-3, widths 96-768, 7x7 depthwise convs)
+    from transformers import ConvNextConfig, ConvNextModel
+
+    return ConvNextModel(ConvNextConfig()), (torch.randn(batch, 3, 224, 224),)
+
+
+class _Block3d(nn.Module):
+    """r3d_18's basic block: two 3x3x3 convolutions with batch norm, a residual connection."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv3d(channels, channels, 3, padding=1, bias=False), nn.BatchNorm3d(channels),
+                                  nn.ReLU(), nn.Conv3d(channels, channels, 3, padding=1, bias=False),
+                                  nn.BatchNorm3d(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.body(x) + x)
+
+
+def build_r3d_block() -> tuple[nn.Module, Inputs]:
+    # r3d_18's second stage at its real size: 128 channels, 8 frames of 28x28 (a 16x112x112 clip)
+    model = nn.Sequential(_Block3d(128), _Block3d(128))
+    return _randomize_bn(model), (torch.randn(1, 128, 8, 28, 28),)
+
+
+def build_decode_linear() -> tuple[nn.Module, Inputs]:
+    # one decoding step of a ~0.25B Llama's MLP up-projection: one token, 1024 -> 2816, no bias
+    return nn.Linear(1024, 2816, bias=False), (torch.randn(1, 1024),)
+
+
 # ---------------------------------------------------------------- dynamic shapes
 
 # Per workload of the dynamic section: the model and its inputs at each size (the MLP's batch,
@@ -223,6 +256,9 @@ WORKLOADS = [
     Workload("ResNet-50 [8x3x224x224]", lambda: build_resnet50(8), reference=False, repeats=5),
     Workload("MobileNetV2 [1x3x224x224]", lambda: build_mobilenet_v2(1), reference=False, repeats=10),
     Workload("MobileNetV2 [8x3x224x224]", lambda: build_mobilenet_v2(8), reference=False, repeats=5),
+    Workload("ConvNeXt-T [1x3x224x224]", lambda: build_convnext_tiny(1), reference=False, repeats=10),
+    Workload("r3d_18 stage 2 blocks [1x128x8x28x28]", build_r3d_block, reference=False, repeats=10),
+    Workload("decode linear 1x1024 -> 2816", build_decode_linear, reference=False),
 ]
 
 
