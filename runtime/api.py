@@ -181,25 +181,26 @@ def _capture(fn: Any, args: tuple, kwargs: dict, outline: bool = True) -> Captur
     return captured
 
 
-def compile_graph(gm: torch.fx.GraphModule, options: Options,
-                  respecialize: bool = False) -> tuple[Callable[..., Any], Explanation]:
+def compile_graph(gm: torch.fx.GraphModule, options: Options, respecialize: bool = False,
+                  graph: str = "") -> tuple[Callable[..., Any], Explanation]:
     """A callable running `gm` natively (with eager regions if `options.fallback == "eager"`),
-    returning its flat outputs, and what runs where. Assumptions the lowering made about
-    symbolic sizes (guards it added to the graph's ShapeEnv) are checked at every call: a call
-    that breaks one raises InputMismatch, or, if `respecialize` (a torch.compile graph, whose
-    guards Dynamo fixed before this lowering ran), is compiled for its concrete sizes."""
+    returning its flat outputs, and what runs where (labelled `graph`: "backward graph 0/0").
+    Assumptions the lowering made about symbolic sizes (guards it added to the graph's
+    ShapeEnv) are checked at every call: a call that breaks one raises InputMismatch, or, if
+    `respecialize` (a torch.compile graph, whose guards Dynamo fixed before this lowering ran),
+    is compiled for its concrete sizes."""
     shape_env = shape_env_of(n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder"))
     before = len(shape_env.guards) if shape_env is not None else 0
     sources = Guarded.sources_of(gm)  # before lowering: a guard may replace a symbol by its value
     cpu = runnable(select(options.cpu))
     if options.fallback == "error":
         program, runner = CACHE.get(gm, options.opt, cpu)
-        explanation = all_native(gm, program)
+        explanation = all_native(gm, program).label(graph)
     else:
         runner, explanation = split(gm, lambda g: CACHE.get(g, options.opt, cpu), options.min_region_ops)
-        warn_fallbacks(explanation)
+        warn_fallbacks(explanation.label(graph))
     if shape_env is not None and len(shape_env.guards) > before:
-        otherwise = _Specializing(gm, options) if respecialize else None
+        otherwise = _Specializing(gm, options, graph=graph) if respecialize else None
         runner = Guarded(runner, [g.expr for g in shape_env.guards[before:]], sources, otherwise)
     return runner, explanation
 
@@ -499,14 +500,14 @@ def _compile_captured(captured: Captured, options: Options,
     and are read from the tensors at run time). With fallback="error", a graph some op of which
     can't take a symbolic size is compiled per concrete shape instead (and says so)."""
     try:
-        run, explanation = compile_graph(captured.gm, options, respecialize=True)
+        run, explanation = compile_graph(captured.gm, options, respecialize=True, graph=captured.graph)
     except Unsupported as err:
         if options.fallback != "error" or not _symbolic(captured.gm):
             raise
         note = f"sizes specialised per call: {str(err).splitlines()[0]}"
         if sink is not None:
             sink(Explanation(notes=[note]))
-        return _Specializing(captured.gm, options, sink)
+        return _Specializing(captured.gm, options, sink, captured.graph)
     if sink is not None:
         sink(explanation)
     return run
@@ -526,10 +527,11 @@ class _Specializing:
     """
 
     def __init__(self, gm: torch.fx.GraphModule, options: Options,
-                 sink: Callable[[Explanation], None] | None = None) -> None:
+                 sink: Callable[[Explanation], None] | None = None, graph: str = "") -> None:
         self.gm = gm
         self.options = options
         self.sink = sink
+        self.graph = graph
         self.natives: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
     def __call__(self, *args: Any) -> list[torch.Tensor]:
@@ -538,7 +540,7 @@ class _Specializing:
         run = self.natives.get(key)
         if run is None:
             static = _static_graph(self.gm, args)
-            compiled, explanation = compile_graph(static, self.options)
+            compiled, explanation = compile_graph(static, self.options, graph=self.graph)
             if self.sink is not None:
                 self.sink(explanation)
             run = self.natives.setdefault(key, compiled)

@@ -7,7 +7,9 @@ least `min_ops` aten ops to native code and leaves the rest of the graph as it i
 outer GraphModule calls the native regions and the eager ops in order, passing tensors
 without copies; an update of an input is written in place (`state.py`). A node the
 importer rejects although its rules accepted it is moved to eager and the graph is split
-again, so such a mismatch costs speed, never a failure.
+again, so such a mismatch costs speed, never a failure. A whole-tensor update of an input
+(`copy_(buffer, new_value)`, batch norm's running statistics in training) is a write-back, not
+an op: it runs after the regions, as AOTAutograd's own epilogue would copy the value.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class EagerOp:
     op: str
     reason: str
     where: str
+    graph: str = ""  # which graph of a compile ("forward graph 0/0"), if it has several
 
 
 @dataclass
@@ -55,13 +58,24 @@ class NativeRegion:
     name: str
     ops: Counter
     program: Program
+    graph: str = ""
+
+
+@dataclass
+class WriteBack:
+    """A graph input updated as a whole (`copy_`): its new value copied into the caller's tensor."""
+
+    input: str
+    where: str
+    graph: str = ""
 
 
 @dataclass
 class Explanation:
-    """What ran where, in graph order: native regions and eager ops."""
+    """What ran where, in graph order: native regions, eager ops and write-backs, each labelled
+    with its graph where a compile has several (a training step's forward and backward)."""
 
-    parts: list[NativeRegion | EagerOp] = field(default_factory=list)
+    parts: list[NativeRegion | EagerOp | WriteBack] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # whole-graph facts (graph breaks)
 
     @property
@@ -72,14 +86,41 @@ class Explanation:
     def native_ops(self) -> int:
         return sum(sum(p.ops.values()) for p in self.parts if isinstance(p, NativeRegion))
 
+    def graphs(self) -> dict[str, tuple[int, int]]:
+        """Each labelled graph's (native ops, eager ops), in the order they were compiled."""
+        counts: dict[str, tuple[int, int]] = {}
+        for p in self.parts:
+            native, eager = counts.get(p.graph, (0, 0))
+            if isinstance(p, NativeRegion):
+                native += sum(p.ops.values())
+            elif isinstance(p, EagerOp):
+                eager += 1
+            counts[p.graph] = (native, eager)
+        return {g: c for g, c in counts.items() if g}
+
+    def label(self, graph: str) -> Explanation:
+        """This explanation with every part marked as one of `graph`'s."""
+        for p in self.parts:
+            p.graph = graph
+        return self
+
     def __str__(self) -> str:
         lines = list(self.notes)
+        graphs, current = self.graphs(), None
         for part in self.parts:
+            if part.graph and part.graph != current:
+                current = part.graph
+                native, eager = graphs[current]
+                ran = f"all {native} ops native" if not eager else f"{native} ops native, {eager} eager"
+                lines.append(f"{current}: {ran}")
             if isinstance(part, NativeRegion):
                 ops = ", ".join(f"{op} x{n}" for op, n in sorted(part.ops.items()))
                 lines.append(f"native {part.name}: {sum(part.ops.values())} ops ({ops})")
                 if part.program.ranges:
                     lines.append(f"       serves sizes {part.program.serves()}")
+            elif isinstance(part, WriteBack):
+                lines.append(f"write  {part.input}: the graph's new value, copied into the caller's tensor — "
+                             f"at {part.where}")
             else:
                 lines.append(f"eager  {part.op}: {part.reason} — at {part.where}")
         return "\n".join(lines)
@@ -87,10 +128,12 @@ class Explanation:
     def summary(self) -> str:
         """One line: how many ops fell back and why."""
         total = self.native_ops + len(self.eager)
+        graphs = [g for g, (_, eager) in self.graphs().items() if eager]
+        scope = f" of the {' and '.join(graphs)}" if graphs else ""
         why = Counter(f"{e.op} ({e.reason})" for e in self.eager)
         listed = "; ".join(f"{w} x{n}" if n > 1 else w for w, n in why.most_common(4))
         more = f"; and {len(why) - 4} more" if len(why) > 4 else ""
-        return f"torchtosa: {len(self.eager)} of {total} ops run eagerly: {listed}{more} (see explain())"
+        return f"torchtosa: {len(self.eager)} of {total} ops{scope} run eagerly: {listed}{more} (see explain())"
 
     def extend(self, other: Explanation) -> None:
         """Add another graph's parts (a function compiled graph by graph), regions numbered on."""
@@ -211,7 +254,9 @@ def _explain(gm: fx.GraphModule, reasons: dict[str, str | None],
                 or is_size(node)):
             continue
         op = str(node.target)
-        if node.name in regions:
+        if _write_back(node):
+            explanation.parts.append(WriteBack(node.args[0].name, where(node)))
+        elif node.name in regions:
             name, program = regions[node.name]
             if name not in by_region:
                 by_region[name] = NativeRegion(f"region {len(by_region)}", Counter(), program)
@@ -220,6 +265,11 @@ def _explain(gm: fx.GraphModule, reasons: dict[str, str | None],
         else:
             explanation.parts.append(EagerOp(op, reasons.get(node.name) or "not lowered", where(node)))
     return explanation
+
+
+def _write_back(node: fx.Node) -> bool:
+    """Whether `node` copies a whole new value into a graph input (AOTAutograd's kept mutation)."""
+    return node.target is torch.ops.aten.copy_.default and node.args[0].op == "placeholder"
 
 
 def all_native(gm: fx.GraphModule, program: Program) -> Explanation:
