@@ -184,7 +184,7 @@ def _capture(fn: Any, args: tuple, kwargs: dict, outline: bool = True) -> Captur
 def compile_graph(gm: torch.fx.GraphModule, options: Options, respecialize: bool = False,
                   graph: str = "") -> tuple[Callable[..., Any], Explanation]:
     """A callable running `gm` natively (with eager regions if `options.fallback == "eager"`),
-    returning its flat outputs, and what runs where (labelled `graph`: "backward graph 0/0").
+    returning its flat outputs, and what runs where (labelled `graph`: "backward graph 0").
     Assumptions the lowering made about symbolic sizes (guards it added to the graph's
     ShapeEnv) are checked at every call: a call that breaks one raises InputMismatch, or, if
     `respecialize` (a torch.compile graph, whose guards Dynamo fixed before this lowering ran),
@@ -259,7 +259,9 @@ class CompiledFunction:
 
     A function TorchDynamo can't capture as one graph (graph breaks, in-place updates of its
     inputs, `.item()`, data-dependent shapes) runs with `fallback="eager"` as `torch.compile`
-    runs it: each graph compiled, Python between them."""
+    runs it: each graph compiled, Python between them. A call with autograd (grad mode on and
+    a parameter or input that requires grad) is compiled as torch.compile compiles it:
+    AOTAutograd's forward and backward graphs, both native, in its autograd.Function."""
 
     def __init__(self, fn: Callable | torch.nn.Module | torch.export.ExportedProgram, opt: str = "default",
                  fallback: str = "eager", min_region_ops: int = MIN_REGION_OPS, dynamic: bool | None = None,
@@ -271,6 +273,9 @@ class CompiledFunction:
         self.compiled: dict[Signature, _Captured | _Eager | None] = {}  # None: runs through self._dynamo
         self._dynamo: Callable[..., Any] | None = None
         self._dynamo_explanation = Explanation()
+        self._autograd: Callable[..., Any] | None = None  # calls with autograd, through torch.compile
+        self._autograd_explanation = Explanation()
+        self._last_autograd = False  # whether the most recent compile was for autograd
 
     @property
     def opt(self) -> str:
@@ -280,6 +285,10 @@ class CompiledFunction:
         """Capture and compile for these inputs (or reuse what was compiled for their signature).
 
         None when the function has graph breaks: then it compiles graph by graph on its first call."""
+        if self._wants_grad(args, kwargs):
+            self._with_autograd()  # compiled at the first call: Dynamo compiles what it runs
+            self._last_autograd = True
+            return None
         key = self._key(args, kwargs)
         with self.lock:
             if key in self.compiled:
@@ -361,8 +370,47 @@ class CompiledFunction:
 
         self._dynamo = run
 
+    def _wants_grad(self, args: tuple, kwargs: dict) -> bool:
+        """Whether a call builds an autograd graph in eager: grad mode on and a module parameter or
+        a tensor argument that requires grad (an ExportedProgram is an inference graph)."""
+        if not torch.is_grad_enabled() or isinstance(self.fn, torch.export.ExportedProgram):
+            return False
+        if isinstance(self.fn, torch.nn.Module) and any(p.requires_grad for p in self.fn.parameters()):
+            return True
+        return any(isinstance(x, torch.Tensor) and x.requires_grad for x in pytree.tree_leaves((args, kwargs)))
+
+    def _with_autograd(self) -> Callable[..., Any]:
+        """The function compiled for calls with autograd: torch.compile with the torchtosa backend
+        and this function's options. AOTAutograd partitions the joint graph, the backend compiles
+        its forward and (at the first backward) its backward graph natively, and AOTAutograd's
+        runtime wraps them in an autograd.Function: gradients flow as in eager."""
+        with self.lock:
+            if self._autograd is None:
+                self._autograd_explanation.notes.append(
+                    "with autograd: AOTAutograd's forward graph, and its backward graph from the first backward")
+                backend = make_backend(functools.partial(_compile_captured, sink=self._autograd_explanation.extend))
+                self._autograd = torch.compile(
+                    self.fn, backend=functools.partial(backend, options=vars(self.options).copy()),
+                    dynamic=self.dynamic)
+            return self._autograd
+
+    def _call_with_autograd(self, args: tuple, kwargs: dict) -> Any:
+        try:
+            _check_call(self.fn, args, kwargs)
+        except InputMismatch as err:
+            if self.options.fallback == "error" or "strided CPU tensors" not in str(err):
+                raise
+            warn_fallbacks(Explanation(notes=[f"runs eagerly: {err}"]))
+            return self.fn(*args, **kwargs)  # PyTorch runs it, autograd included
+        run = self._with_autograd()
+        self._last_autograd = True
+        with mha_fastpath_disabled(), translated_dynamo_errors():
+            return run(*args, **kwargs)
+
     def explain(self) -> Explanation:
         """What runs where for the most recent compilation: native regions and eager ops with reasons."""
+        if self._last_autograd:
+            return self._autograd_explanation
         if not self.compiled:
             raise InputMismatch("nothing compiled yet: call the function once")
         last = next(reversed(self.compiled.values()))
@@ -377,7 +425,13 @@ class CompiledFunction:
         return regions[0].program
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._wants_grad(args, kwargs):
+            return self._call_with_autograd(args, kwargs)
         hit = self.prepare(*args, **kwargs)
+        if (isinstance(hit, _Captured) and torch.is_grad_enabled() and not isinstance(self.fn, _STATEFUL)
+                and any(p.requires_grad for p in hit.captured.params)):  # a closed-over tensor needs grad
+            return self._call_with_autograd(args, kwargs)
+        self._last_autograd = False
         if hit is None:
             assert self._dynamo is not None
             return self._dynamo(*args, **kwargs)
@@ -410,6 +464,10 @@ class CompiledFunction:
         if spec != captured.in_spec:
             raise InputMismatch(f"arguments are structured as {spec}, compiled for {captured.in_spec}")
         return [x for x in leaves if isinstance(x, torch.Tensor)]
+
+
+# callables whose own parameters `_wants_grad` checks (a module), or that are inference graphs
+_STATEFUL = (torch.nn.Module, torch.export.ExportedProgram)
 
 
 def _label(fn: Any) -> str:

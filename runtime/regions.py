@@ -48,7 +48,7 @@ class EagerOp:
     op: str
     reason: str
     where: str
-    graph: str = ""  # which graph of a compile ("forward graph 0/0"), if it has several
+    graph: str = ""  # which graph of a compile ("forward graph 0"), if it has several
 
 
 @dataclass

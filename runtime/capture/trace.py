@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import itertools
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ import torch.utils._pytree as pytree
 from torch._dynamo import exc as dynamo_exc
 from torch._dynamo.eval_frame import remove_from_cache
 from torch._functorch.aot_autograd import aot_module_simplified
-from torch._guards import CompileContext, TracingContext, detect_fake_mode
+from torch._guards import TracingContext, detect_fake_mode
 from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export.graph_signature import InputKind, OutputKind
@@ -58,7 +59,7 @@ class Captured:
     param_names: list[str] = field(default_factory=list)
     # the layers traced once (outline.py): how many calls each traced subgraph had
     outlined: dict[str, int] = field(default_factory=dict)
-    # which graph of a torch.compile graph it is ("forward graph 0/0"), if it came from one
+    # which graph of a torch.compile graph it is ("forward graph 0"), if it came from one
     graph: str = ""
 
 
@@ -181,26 +182,24 @@ def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]
     Under no_grad that is one inference graph per Dynamo graph; with autograd, the forward and
     the backward graph of the partitioned joint graph (the forward also returns what backward
     saves), which AOTAutograd's runtime wraps in an autograd.Function. `Captured.graph` says
-    which ("forward graph 0/0": Dynamo's compile id). `compile_graph` gets the backend's
-    `Options` (torch.compile's `options=`; with fallback="eager" updates of inputs stay in the
-    graph as `copy_` nodes). Every placeholder is a runtime argument (`params == []`).
-    `compile_graph` runs on the graph's first call (a backward graph's: on the first
-    backward), so `example_inputs` are that call's real arguments (ints where sizes are
-    symbolic). Its result takes the arguments positionally and returns the graph's flat tensor
-    outputs; outputs that are not tensors (a backward graph's None for an input that needs no
-    gradient) are put back around them.
+    which: "forward graph 0" (the Dynamo graphs a backend compiles are numbered from 0).
+    `compile_graph` gets the backend's `Options` (torch.compile's `options=`; with
+    fallback="eager" updates of inputs stay in the graph as `copy_` nodes). Every placeholder
+    is a runtime argument (`params == []`). `compile_graph` runs on the graph's first call (a
+    backward graph's: on the first backward), so `example_inputs` are that call's real
+    arguments (ints where sizes are symbolic). Its result takes the arguments positionally and
+    returns the graph's flat tensor outputs; outputs that are not tensors (a backward graph's
+    None for an input that needs no gradient) are put back around them.
     """
 
     def graph_compiler(gm: fx.GraphModule, _fake_args: Sequence[Any], options: Options,
-                       kind: str) -> Callable[..., Any]:
+                       name: str) -> Callable[..., Any]:
         inline_subgraphs(gm)  # nested compile regions the user marked
         if options.fallback == "error":
             _check_graph(gm, static=False)
         _simplify(gm.graph)
         constants = _constant_outputs(gm)
         gm.recompile()
-        compile_id = CompileContext.current_compile_id()
-        name = f"{kind} graph {compile_id}" if compile_id is not None else f"{kind} graph"
         compiled: Callable[..., Any] | None = None
 
         def run(args: list[Any]) -> Any:
@@ -220,15 +219,22 @@ def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]
         run._boxed_call = True  # type: ignore[attr-defined]
         return run
 
+    graphs = itertools.count()  # the Dynamo graphs this backend compiled: each one's number
+
     def backend(gm: fx.GraphModule, example_inputs: list[Any],
                 options: dict[str, Any] | None = None) -> Callable[..., Any]:
         chosen = Options.of(options)
+        index = next(graphs)
+
+        def compiler(kind: str) -> Callable[..., Any]:
+            return functools.partial(graph_compiler, options=chosen, name=f"{kind} graph {index}")
+
         return aot_module_simplified(
             gm,
             example_inputs,
-            fw_compiler=functools.partial(graph_compiler, options=chosen, kind="forward"),
-            bw_compiler=functools.partial(graph_compiler, options=chosen, kind="backward"),
-            inference_compiler=functools.partial(graph_compiler, options=chosen, kind="inference"),
+            fw_compiler=compiler("forward"),
+            bw_compiler=compiler("backward"),
+            inference_compiler=compiler("inference"),
             decompositions=DECOMPOSITIONS,
             # updates of inputs stay in the graph as copy_ nodes, to be written in place
             # by the eager fallback (state.py) rather than copied whole by AOTAutograd
