@@ -10,9 +10,13 @@ computes with the wrong values while the forward looks right. `DECOMPOSITIONS` i
   the CPU): core ATen's decomposition returns the attention probabilities where the schema has
   the logsumexp of the scores, which the backward kernel reads. Here it returns the logsumexp,
   and its backward (`..._backward`) is decomposed too, into matmuls and elementwise ops.
-- `convolution_backward`: the input gradient is a transposed convolution of the output
-  gradient, the weight gradient a convolution of the input by the output gradient (batch and
-  channels swapped), the bias gradient a sum: all three ops with entries of their own.
+- `convolution_backward` (not decomposed by core ATen): the input gradient is a transposed
+  convolution of the output gradient (or a convolution of it, spread to the input's grid, by the
+  flipped kernel), the weight gradient a convolution of the input by the output gradient (batch
+  and channels swapped), the bias gradient a sum. `max_pool2d_with_indices_backward` (core
+  ATen's decomposition scatters, with a one-hot mask of every input position by every output
+  position where torchtosa lowers scatter_add): a masked gradient per kernel tap, spread to the
+  input's grid. Both into ops with entries of their own.
 - `_transformer_encoder_layer_fwd` (nn.TransformerEncoderLayer's fused inference kernel, which
   Dynamo puts in a graph under no_grad) in composite ops.
 """
@@ -103,13 +107,30 @@ def _flash_cpu_backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Ten
     return grad_query, grad_key, grad_value
 
 
+def _spread(t: Tensor, steps: list[int], offsets: list[int], sizes: list[int]) -> Tensor:
+    """A grid of `sizes` (the trailing dims) holding t[..., o] at o * step + offset, zero elsewhere:
+    zeros interleaved between t's values, then padded (or, past the grid, cropped) into place."""
+    lead, inner = list(t.shape[:-len(steps)]), list(t.shape[-len(steps):])
+    if any(s > 1 for s in steps):
+        t = t.reshape(*lead, *(d for o in inner for d in (o, 1)))
+        pad = [p for s in reversed(steps) for p in (0, s - 1, 0, 0)]
+        t = aten.constant_pad_nd.default(t, pad)
+        t = t.reshape(*lead, *(o * s for o, s in zip(inner, steps, strict=True)))
+    pad = [p for o, s, off, n in reversed(list(zip(inner, steps, offsets, sizes, strict=True)))
+           for p in (off, n - off - o * s)]
+    return aten.constant_pad_nd.default(t, pad)
+
+
 def _convolution_backward(grad_output: Tensor, input: Tensor, weight: Tensor, bias_sizes: Any, stride: list[int],
                           padding: list[int], dilation: list[int], transposed: bool, output_padding: list[int],
                           groups: int, output_mask: list[bool]) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """The gradients of a (not transposed) convolution, each only where `output_mask` asks:
 
-    - input: the transposed convolution of grad_output by the weight, with the output padding that
-      restores the input's size (the rows the last window did not reach);
+    - input: grad_output by the weight, transposed: a transposed convolution (with the output
+      padding that restores the input's size) where tosa.transpose_conv2d takes it (no groups, no
+      dilation, padding below the kernel); else grad_output spread to the input's grid (stride - 1
+      zeros between rows, shifted by (k - 1) * dilation - padding) convolved by the flipped
+      kernel with each group's input and output channels swapped;
     - weight: for groups G, input [N, G*Cg, ...] as [Cg, G*N, ...] convolved (groups G, stride and
       dilation swapped) by grad_output [N, G*M, ...] as [G*M, N, ...] gives [Cg, G*M, k'...], cut
       to the kernel's size k (k' >= k) and transposed to [G*M, Cg, k...];
@@ -119,26 +140,60 @@ def _convolution_backward(grad_output: Tensor, input: Tensor, weight: Tensor, bi
         return NotImplemented  # a transposed convolution's gradients: the op stays in the graph
     spatial = weight.dim() - 2
     stride, padding, dilation = (list(p) * spatial if len(p) == 1 else list(p) for p in (stride, padding, dilation))
+    kernel, sizes = list(weight.shape[2:]), list(input.shape[2:])
+    n, c = input.shape[:2]
+    cg, o = c // groups, grad_output.size(1)
     grad_input = grad_weight = grad_bias = None
     if output_mask[0]:
-        sizes = [(o - 1) * s - 2 * p + d * (k - 1) + 1
-                 for o, s, p, d, k in zip(grad_output.shape[2:], stride, padding, dilation, weight.shape[2:],
-                                          strict=True)]
-        extra = [i - n for i, n in zip(input.shape[2:], sizes, strict=True)]
-        grad_input = aten.convolution.default(grad_output, weight, None, stride, padding, dilation, True, extra,
-                                              groups)
+        reach = [(g - 1) * s - 2 * p + d * (k - 1) + 1
+                 for g, s, p, d, k in zip(grad_output.shape[2:], stride, padding, dilation, kernel, strict=True)]
+        if groups == 1 and dilation == [1] * spatial and all(p < k for p, k in zip(padding, kernel, strict=True)):
+            extra = [i - r for i, r in zip(sizes, reach, strict=True)]
+            grad_input = aten.convolution.default(grad_output, weight, None, stride, padding, dilation, True, extra,
+                                                  groups)
+        else:
+            halo = [d * (k - 1) for d, k in zip(dilation, kernel, strict=True)]
+            grid = _spread(grad_output, stride, [h - p for h, p in zip(halo, padding, strict=True)],
+                           [i + h for i, h in zip(sizes, halo, strict=True)])
+            flipped = weight.reshape(groups, o // groups, cg, *kernel).transpose(1, 2).flip(list(range(3, 3 + spatial)))
+            grad_input = aten.convolution.default(grid, flipped.reshape(c, o // groups, *kernel), None, [1] * spatial,
+                                                  [0] * spatial, dilation, False, [0] * spatial, groups)
     if output_mask[1]:
-        n, c = input.shape[:2]
-        cg, o = c // groups, grad_output.size(1)
-        rest = input.shape[2:]
-        x = input.reshape(n, groups, cg, *rest).transpose(0, 2).reshape(cg, groups * n, *rest)
+        x = input.reshape(n, groups, cg, *sizes).transpose(0, 2).reshape(cg, groups * n, *sizes)
         g = grad_output.transpose(0, 1)
         full = aten.convolution.default(x, g, None, dilation, padding, stride, False, [0] * spatial, groups)
-        cut = full[(slice(None), slice(None), *(slice(0, k) for k in weight.shape[2:]))]
-        grad_weight = cut.transpose(0, 1).reshape(o, cg, *weight.shape[2:])
+        cut = full[(slice(None), slice(None), *(slice(0, k) for k in kernel))]
+        grad_weight = cut.transpose(0, 1).reshape(o, cg, *kernel)
     if output_mask[2]:
         grad_bias = grad_output.sum([0, *range(2, grad_output.dim())])
     return grad_input, grad_weight, grad_bias
+
+
+def _max_pool2d_backward(grad_output: Tensor, input: Tensor, kernel_size: list[int], stride: list[int],
+                         padding: list[int], dilation: list[int], ceil_mode: bool, indices: Tensor) -> Tensor:
+    """Each window's gradient to the input position its index names, tap by tap: for kernel tap
+    (i, j), the windows whose max is at that tap (index == its position, computed from the output
+    position) give their gradient, spread to the input's grid at o * stride + tap * dilation -
+    padding; the taps' grids are summed (overlapping windows may share a max). A tap position
+    outside the input may equal another position's index, but its grid crops it away."""
+    def pair(v: list[int], default: list[int]) -> list[int]:
+        return default if not v else list(v) * 2 if len(v) == 1 else list(v)
+
+    kernel = pair(kernel_size, [])
+    steps, pads, dils = pair(stride, kernel), pair(padding, [0, 0]), pair(dilation, [1, 1])
+    height, width = input.shape[-2:]
+    rows, cols = grad_output.shape[-2:]
+    zero = torch.zeros((), dtype=grad_output.dtype, device=grad_output.device)
+    grad = None
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            top, left = i * dils[0] - pads[0], j * dils[1] - pads[1]
+            r = torch.arange(rows, device=indices.device) * steps[0] + top
+            q = torch.arange(cols, device=indices.device) * steps[1] + left
+            picked = torch.where(indices == r.unsqueeze(-1) * width + q, grad_output, zero)
+            part = _spread(picked, steps, [top, left], [height, width])
+            grad = part if grad is None else grad + part
+    return grad
 
 
 def _encoder_layer_fwd(
@@ -190,5 +245,6 @@ DECOMPOSITIONS = {
     aten._scaled_dot_product_flash_attention_for_cpu.default: _flash_cpu,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _flash_cpu_backward,
     aten.convolution_backward.default: _convolution_backward,
+    aten.max_pool2d_with_indices_backward.default: _max_pool2d_backward,
     aten._transformer_encoder_layer_fwd.default: _encoder_layer_fwd,
 }
