@@ -282,13 +282,10 @@ class CompiledFunction:
         return self.options.opt
 
     def prepare(self, *args: Any, **kwargs: Any) -> _Captured | _Eager | None:
-        """Capture and compile for these inputs (or reuse what was compiled for their signature).
+        """Capture and compile for these inputs (or reuse what was compiled for their signature),
+        for calls without autograd (a call with autograd compiles through torch.compile when made).
 
         None when the function has graph breaks: then it compiles graph by graph on its first call."""
-        if self._wants_grad(args, kwargs):
-            self._with_autograd()  # compiled at the first call: Dynamo compiles what it runs
-            self._last_autograd = True
-            return None
         key = self._key(args, kwargs)
         with self.lock:
             if key in self.compiled:
@@ -516,6 +513,12 @@ def compile(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
             **kwargs: Any) -> CompiledFunction:
     """Compile to native code through TOSA. With example inputs, compiles now; else on the first call.
 
+    A call with autograd (grad mode on and a parameter or tensor input that requires grad, as in
+    training) returns outputs that require grad, as eager does: it runs through torch.compile with
+    the torchtosa backend, AOTAutograd's forward graph compiled at the first such call and its
+    backward graph at the first backward, both native. Example inputs compile the graph of calls
+    without autograd (under `torch.no_grad()` or `torch.inference_mode()`).
+
     `dynamic` chooses what a new input size costs, as in torch.compile: None (the default)
     compiles the first signature for its exact sizes and, once a call's sizes differ, once more
     with symbolic sizes for the dims that changed, serving every size after it; True compiles
@@ -544,8 +547,10 @@ def compile(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
 
 
 def explain(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args: Any, **kwargs: Any) -> Explanation:
-    """What `torchtosa.compile(fn)` runs where for these inputs. A function with graph breaks
-    is called once (with its side effects) so that torch.compile sees its graphs."""
+    """What `torchtosa.compile(fn)` runs where for these inputs, in a call without autograd (after
+    a call with autograd, `CompiledFunction.explain()` shows its forward and backward graphs). A
+    function with graph breaks is called once (with its side effects) so that torch.compile sees
+    its graphs."""
     compiled = CompiledFunction(fn)
     if compiled.prepare(*args, **kwargs) is None:
         compiled(*args, **kwargs)

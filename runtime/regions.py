@@ -119,8 +119,7 @@ class Explanation:
                 if part.program.ranges:
                     lines.append(f"       serves sizes {part.program.serves()}")
             elif isinstance(part, WriteBack):
-                lines.append(f"write  {part.input}: the graph's new value, copied into the caller's tensor — "
-                             f"at {part.where}")
+                lines.append(f"write  {part.input}: its new value, copied into the caller's tensor — at {part.where}")
             else:
                 lines.append(f"eager  {part.op}: {part.reason} — at {part.where}")
         return "\n".join(lines)
@@ -254,8 +253,10 @@ def _explain(gm: fx.GraphModule, reasons: dict[str, str | None],
                 or is_size(node)):
             continue
         op = str(node.target)
-        if _write_back(node):
-            explanation.parts.append(WriteBack(node.args[0].name, where(node)))
+        if _write_back(node):  # where the new value is computed (the copy itself has no source line)
+            target, value = node.args[:2]
+            explanation.parts.append(WriteBack(target.meta.get("user_input", target.name),
+                                               where(value if isinstance(value, fx.Node) else node)))
         elif node.name in regions:
             name, program = regions[node.name]
             if name not in by_region:

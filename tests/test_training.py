@@ -237,7 +237,7 @@ def test_compile_keeps_autograd_with_native_forward_and_backward() -> None:
     torch.manual_seed(0)
     model, x = CNN(0.0), torch.randn(8, 1, 16, 16)  # the graphs of test_twenty_steps_match_eager
     reference = copy.deepcopy(model)
-    compiled = torchtosa.compile(model, x)  # parameters require grad, grad mode on: compiled with autograd
+    compiled = torchtosa.compile(model)  # parameters require grad, grad mode on: compiled with autograd
     out = compiled(x)
     assert out.requires_grad and out.grad_fn is not None
     _loss(out).backward()

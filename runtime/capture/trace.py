@@ -192,8 +192,12 @@ def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]
     None for an input that needs no gradient) are put back around them.
     """
 
-    def graph_compiler(gm: fx.GraphModule, _fake_args: Sequence[Any], options: Options,
-                       name: str) -> Callable[..., Any]:
+    def graph_compiler(gm: fx.GraphModule, _fake_args: Sequence[Any], options: Options, name: str,
+                       inputs: list[str]) -> Callable[..., Any]:
+        placeholders = gm.graph.find_nodes(op="placeholder")
+        if not name.startswith("backward") and len(placeholders) == len(inputs):
+            for node, user_name in zip(placeholders, inputs, strict=True):
+                node.meta["user_input"] = user_name  # Dynamo's name, for explain(): l_self_buffers_running_mean_
         inline_subgraphs(gm)  # nested compile regions the user marked
         if options.fallback == "error":
             _check_graph(gm, static=False)
@@ -225,9 +229,11 @@ def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]
                 options: dict[str, Any] | None = None) -> Callable[..., Any]:
         chosen = Options.of(options)
         index = next(graphs)
+        # the inputs of AOTAutograd's forward graph are Dynamo's, in order (parameters and buffers included)
+        inputs = [n.name for n in gm.graph.find_nodes(op="placeholder")]
 
         def compiler(kind: str) -> Callable[..., Any]:
-            return functools.partial(graph_compiler, options=chosen, name=f"{kind} graph {index}")
+            return functools.partial(graph_compiler, options=chosen, name=f"{kind} graph {index}", inputs=inputs)
 
         return aot_module_simplified(
             gm,
