@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -123,18 +124,24 @@ def _loss(out: Any) -> torch.Tensor:
     return sum((t * torch.randn(t.shape, generator=gen)).sum() for t in leaves)
 
 
+# `make training`: the test below compiles each model's training step natively (about 160 s for
+# the ten; every op of every forward and backward graph is native), not only its joint graph
+NATIVE = bool(os.environ.get("TORCHTOSA_TRAINING_NATIVE"))
+
+
 @pytest.mark.parametrize("name", list(MODELS))
 def test_every_test_model_in_train_mode_gets_eager_gradients(name: str) -> None:
     """One step of each test model in train mode (dropout off, so that both are deterministic): the
-    joint graph, decomposed as torchtosa decomposes it and run by PyTorch, gives eager's gradients.
-    Each is within 2e-3 of eager's norm, plus 1e-6 of all gradients' norm: train-mode batch norm
-    over few values makes gradients of 1e6, and a bias before batch norm has an exact gradient of
-    0 that both compute as rounding noise. (Native code of these graphs: the steps below.)"""
+    joint graph, decomposed as torchtosa decomposes it and run by PyTorch (natively with
+    TORCHTOSA_TRAINING_NATIVE=1), gives eager's gradients. Each is within 2e-3 of eager's norm,
+    plus 1e-6 of all gradients' norm: train-mode batch norm over few values makes gradients of
+    1e6, and a bias before batch norm has an exact gradient of 0 that both compute as rounding
+    noise. (Native code of such graphs in every run: the steps below.)"""
     model, inputs = instantiate(name)
     model = _without_dropout(model.train())
     reference = copy.deepcopy(model)
     torch._dynamo.reset()
-    _loss(torch.compile(model, backend=_pytorch_backend)(*inputs)).backward()
+    _loss(torch.compile(model, backend="torchtosa" if NATIVE else _pytorch_backend)(*inputs)).backward()
     _loss(reference(*inputs)).backward()
     torch._dynamo.reset()
     pairs = [(n, p.grad, q.grad) for (n, p), q in zip(model.named_parameters(), reference.parameters(), strict=True)

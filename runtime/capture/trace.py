@@ -1,8 +1,9 @@
-"""Capture a PyTorch callable as an inference-only, core-ATen FX graph.
+"""Capture a PyTorch callable as a core-ATen FX graph.
 
-`capture` traces with TorchDynamo (fullgraph) and AOTAutograd (core ATen
-decompositions) under `torch.no_grad()`; `capture_exported` starts from a
-`torch.export.ExportedProgram`; `make_backend` builds a `torch.compile` backend.
+`capture` traces an inference graph with TorchDynamo (fullgraph) and AOTAutograd
+(decompositions.py) under `torch.no_grad()`; `capture_exported` starts from a
+`torch.export.ExportedProgram`; `make_backend` builds a `torch.compile` backend, which
+compiles AOTAutograd's inference graphs, or with autograd its forward and backward graphs.
 `capture` and `capture_exported` hand over a graph whose placeholders are the
 lifted parameters/buffers/constants first, then the user's tensor inputs.
 """
