@@ -17,7 +17,7 @@ VELA_VERSION := 5.2.0
 VELA   := .vela
 VELA_STAMP := $(VELA)/.installed-$(VELA_VERSION)
 
-.PHONY: all setup tosa-tools vela cross-tools vela-report gen demo test test-avx2 lint bench coverage corpus fuzz reference clean
+.PHONY: all setup tosa-tools vela cross-tools vela-report gen demo test test-avx2 lint bench coverage corpus fuzz reference training clean
 
 all: test
 
@@ -106,6 +106,10 @@ corpus: $(GEN)
 # every op sample on TOSA's reference model (make test runs one in four)
 reference: $(GEN) $(TOOLS_STAMP)
 	TORCHTOSA_REFERENCE_STRIDE=1 $(PY) -m pytest -q -n auto -p no:cacheprovider tests/test_reference.py
+
+# every test model's training step as native code (make test runs its joint graph with PyTorch)
+training: $(GEN)
+	TORCHTOSA_TRAINING_NATIVE=1 $(PY) -m pytest -q -n auto -p no:cacheprovider tests/test_training.py -k every_test_model
 
 # random programs (test_fuzz), argument variations per entry (test_properties) and programs around
 # the pipeline's rewrites at every opt level (test_pipeline_fuzz: a quarter as many, 3 compiles each)

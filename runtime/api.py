@@ -199,20 +199,21 @@ def _capture(fn: Any, args: tuple, kwargs: dict, outline: bool = True) -> Captur
     return captured
 
 
-def compile_graph(gm: torch.fx.GraphModule, options: Options,
-                  respecialize: bool = False) -> tuple[Callable[..., Any], Explanation]:
+def compile_graph(gm: torch.fx.GraphModule, options: Options, respecialize: bool = False,
+                  graph: str = "") -> tuple[Callable[..., Any], Explanation]:
     """A callable running `gm` natively (with eager regions if `options.fallback == "eager"`),
-    returning its flat outputs, and what runs where. Assumptions the lowering made about
-    symbolic sizes (guards it added to the graph's ShapeEnv) are checked at every call: a call
-    that breaks one raises InputMismatch, or, if `respecialize` (a torch.compile graph, whose
-    guards Dynamo fixed before this lowering ran), is compiled for its concrete sizes."""
+    returning its flat outputs, and what runs where (labelled `graph`: "backward graph 0").
+    Assumptions the lowering made about symbolic sizes (guards it added to the graph's
+    ShapeEnv) are checked at every call: a call that breaks one raises InputMismatch, or, if
+    `respecialize` (a torch.compile graph, whose guards Dynamo fixed before this lowering ran),
+    is compiled for its concrete sizes."""
     shape_env = shape_env_of(n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder"))
     before = len(shape_env.guards) if shape_env is not None else 0
     sources = Guarded.sources_of(gm)  # before lowering: a guard may replace a symbol by its value
     cpu = runnable(select(options.cpu))
     if options.fallback == "error":
         program, runner = CACHE.get(gm, options.opt, cpu)
-        explanation = all_native(gm, program)
+        explanation = all_native(gm, program).label(graph)
     else:
         try:
             runner, explanation = split(gm, lambda g: CACHE.get(g, options.opt, cpu), options.min_region_ops)
@@ -221,10 +222,10 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options,
                 raise
             failure = err if isinstance(err, InternalError) else internal_error(err, gm, stage="partitioning")
             runner, explanation = gm, all_eager(gm, failure)
-        warn_fallbacks(explanation)
+        warn_fallbacks(explanation.label(graph))
     explanation.cpu = cpu.describe()
     if shape_env is not None and len(shape_env.guards) > before:
-        otherwise = _Specializing(gm, options) if respecialize else None
+        otherwise = _Specializing(gm, options, graph=graph) if respecialize else None
         runner = Guarded(runner, [g.expr for g in shape_env.guards[before:]], sources, otherwise)
     return runner, explanation
 
@@ -283,7 +284,9 @@ class CompiledFunction:
 
     A function TorchDynamo can't capture as one graph (graph breaks, in-place updates of its
     inputs, `.item()`, data-dependent shapes) runs with `fallback="eager"` as `torch.compile`
-    runs it: each graph compiled, Python between them."""
+    runs it: each graph compiled, Python between them. A call with autograd (grad mode on and
+    a parameter or input that requires grad) is compiled as torch.compile compiles it:
+    AOTAutograd's forward and backward graphs, both native, in its autograd.Function."""
 
     def __init__(self, fn: Callable | torch.nn.Module | torch.export.ExportedProgram, opt: str = "default",
                  fallback: str = "eager", min_region_ops: int = MIN_REGION_OPS, dynamic: bool | None = None,
@@ -295,13 +298,17 @@ class CompiledFunction:
         self.compiled: dict[Signature, _Captured | _Eager | None] = {}  # None: runs through self._dynamo
         self._dynamo: Callable[..., Any] | None = None
         self._dynamo_explanation = Explanation()
+        self._autograd: Callable[..., Any] | None = None  # calls with autograd, through torch.compile
+        self._autograd_explanation = Explanation()
+        self._last_autograd = False  # whether the most recent compile was for autograd
 
     @property
     def opt(self) -> str:
         return self.options.opt
 
     def prepare(self, *args: Any, **kwargs: Any) -> _Captured | _Eager | None:
-        """Capture and compile for these inputs (or reuse what was compiled for their signature).
+        """Capture and compile for these inputs (or reuse what was compiled for their signature),
+        for calls without autograd (a call with autograd compiles through torch.compile when made).
 
         None when the function has graph breaks: then it compiles graph by graph on its first call."""
         key = self._key(args, kwargs)
@@ -385,8 +392,47 @@ class CompiledFunction:
 
         self._dynamo = run
 
+    def _wants_grad(self, args: tuple, kwargs: dict) -> bool:
+        """Whether a call builds an autograd graph in eager: grad mode on and a module parameter or
+        a tensor argument that requires grad (an ExportedProgram is an inference graph)."""
+        if not torch.is_grad_enabled() or isinstance(self.fn, torch.export.ExportedProgram):
+            return False
+        if isinstance(self.fn, torch.nn.Module) and any(p.requires_grad for p in self.fn.parameters()):
+            return True
+        return any(isinstance(x, torch.Tensor) and x.requires_grad for x in pytree.tree_leaves((args, kwargs)))
+
+    def _with_autograd(self) -> Callable[..., Any]:
+        """The function compiled for calls with autograd: torch.compile with the torchtosa backend
+        and this function's options. AOTAutograd partitions the joint graph, the backend compiles
+        its forward and (at the first backward) its backward graph natively, and AOTAutograd's
+        runtime wraps them in an autograd.Function: gradients flow as in eager."""
+        with self.lock:
+            if self._autograd is None:
+                self._autograd_explanation.notes.append(
+                    "with autograd: AOTAutograd's forward graph, and its backward graph from the first backward")
+                backend = make_backend(functools.partial(_compile_captured, sink=self._autograd_explanation.extend))
+                self._autograd = torch.compile(
+                    self.fn, backend=functools.partial(backend, options=vars(self.options).copy()),
+                    dynamic=self.dynamic)
+            return self._autograd
+
+    def _call_with_autograd(self, args: tuple, kwargs: dict) -> Any:
+        try:
+            _check_call(self.fn, args, kwargs)
+        except InputMismatch as err:
+            if self.options.fallback == "error" or "strided CPU tensors" not in str(err):
+                raise
+            warn_fallbacks(Explanation(notes=[f"runs eagerly: {err}"]))
+            return self.fn(*args, **kwargs)  # PyTorch runs it, autograd included
+        run = self._with_autograd()
+        self._last_autograd = True
+        with mha_fastpath_disabled(), translated_dynamo_errors():
+            return run(*args, **kwargs)
+
     def explain(self) -> Explanation:
         """What runs where for the most recent compilation: native regions and eager ops with reasons."""
+        if self._last_autograd:
+            return self._autograd_explanation
         if not self.compiled:
             raise InputMismatch("nothing compiled yet: call the function once")
         last = next(reversed(self.compiled.values()))
@@ -401,7 +447,13 @@ class CompiledFunction:
         return regions[0].program
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._wants_grad(args, kwargs):
+            return self._call_with_autograd(args, kwargs)
         hit = self.prepare(*args, **kwargs)
+        if (isinstance(hit, _Captured) and torch.is_grad_enabled() and not isinstance(self.fn, _STATEFUL)
+                and any(p.requires_grad for p in hit.captured.params)):  # a closed-over tensor needs grad
+            return self._call_with_autograd(args, kwargs)
+        self._last_autograd = False
         if hit is None:
             assert self._dynamo is not None
             return self._dynamo(*args, **kwargs)
@@ -434,6 +486,10 @@ class CompiledFunction:
         if spec != captured.in_spec:
             raise InputMismatch(f"arguments are structured as {spec}, compiled for {captured.in_spec}")
         return [x for x in leaves if isinstance(x, torch.Tensor)]
+
+
+# callables whose own parameters `_wants_grad` checks (a module), or that are inference graphs
+_STATEFUL = (torch.nn.Module, torch.export.ExportedProgram)
 
 
 def _label(fn: Any) -> str:
@@ -482,6 +538,12 @@ def compile(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
             **kwargs: Any) -> CompiledFunction:
     """Compile to native code through TOSA. With example inputs, compiles now; else on the first call.
 
+    A call with autograd (grad mode on and a parameter or tensor input that requires grad, as in
+    training) returns outputs that require grad, as eager does: it runs through torch.compile with
+    the torchtosa backend, AOTAutograd's forward graph compiled at the first such call and its
+    backward graph at the first backward, both native. Example inputs compile the graph of calls
+    without autograd (under `torch.no_grad()` or `torch.inference_mode()`).
+
     `dynamic` chooses what a new input size costs, as in torch.compile: None (the default)
     compiles the first signature for its exact sizes and, once a call's sizes differ, once more
     with symbolic sizes for the dims that changed, serving every size after it; True compiles
@@ -512,8 +574,10 @@ def compile(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
 
 
 def explain(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args: Any, **kwargs: Any) -> Explanation:
-    """What `torchtosa.compile(fn)` runs where for these inputs. A function with graph breaks
-    is called once (with its side effects) so that torch.compile sees its graphs."""
+    """What `torchtosa.compile(fn)` runs where for these inputs, in a call without autograd (after
+    a call with autograd, `CompiledFunction.explain()` shows its forward and backward graphs). A
+    function with graph breaks is called once (with its side effects) so that torch.compile sees
+    its graphs."""
     compiled = CompiledFunction(fn)
     if compiled.prepare(*args, **kwargs) is None:
         compiled(*args, **kwargs)
@@ -526,14 +590,14 @@ def _compile_captured(captured: Captured, options: Options,
     and are read from the tensors at run time). With fallback="error", a graph some op of which
     can't take a symbolic size is compiled per concrete shape instead (and says so)."""
     try:
-        run, explanation = compile_graph(captured.gm, options, respecialize=True)
+        run, explanation = compile_graph(captured.gm, options, respecialize=True, graph=captured.graph)
     except Unsupported as err:
         if options.fallback != "error" or not _symbolic(captured.gm):
             raise
         note = f"sizes specialised per call: {str(err).splitlines()[0]}"
         if sink is not None:
             sink(Explanation(notes=[note]))
-        return _Specializing(captured.gm, options, sink)
+        return _Specializing(captured.gm, options, sink, captured.graph)
     if sink is not None:
         sink(explanation)
     return run
@@ -553,10 +617,11 @@ class _Specializing:
     """
 
     def __init__(self, gm: torch.fx.GraphModule, options: Options,
-                 sink: Callable[[Explanation], None] | None = None) -> None:
+                 sink: Callable[[Explanation], None] | None = None, graph: str = "") -> None:
         self.gm = gm
         self.options = options
         self.sink = sink
+        self.graph = graph
         self.natives: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
     def __call__(self, *args: Any) -> list[torch.Tensor]:
@@ -565,7 +630,7 @@ class _Specializing:
         run = self.natives.get(key)
         if run is None:
             static = _static_graph(self.gm, args)
-            compiled, explanation = compile_graph(static, self.options)
+            compiled, explanation = compile_graph(static, self.options, graph=self.graph)
             if self.sink is not None:
                 self.sink(explanation)
             run = self.natives.setdefault(key, compiled)

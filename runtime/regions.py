@@ -12,7 +12,9 @@ again, so such a mismatch costs speed, never a failure. So does torchtosa's own 
 on runs eagerly, and a region that failed later in its compile runs eagerly as the graph of
 aten ops it is; the compile's one FallbackWarning and `explain()` name the error, the op and
 source line, and ask for a report. An eager op that reads the storage beneath its input
-(as_strided) reads it through views that run eagerly too.
+(as_strided) reads it through views that run eagerly too. A whole-tensor update of an input
+(`copy_(buffer, new_value)`, batch norm's running statistics in training) is a write-back, not
+an op: it runs after the regions, as AOTAutograd's own epilogue would copy the value.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class EagerOp:
     reason: str
     where: str
     failure: InternalError | None = None  # torchtosa's own error that left it to PyTorch
+    graph: str = ""  # which graph of a compile ("forward graph 0"), if it has several
 
 
 @dataclass
@@ -63,13 +66,24 @@ class NativeRegion:
     name: str
     ops: Counter
     program: Program
+    graph: str = ""
+
+
+@dataclass
+class WriteBack:
+    """A graph input updated as a whole (`copy_`): its new value copied into the caller's tensor."""
+
+    input: str
+    where: str
+    graph: str = ""
 
 
 @dataclass
 class Explanation:
-    """What ran where, in graph order: native regions and eager ops."""
+    """What ran where, in graph order: native regions, eager ops and write-backs, each labelled
+    with its graph where a compile has several (a training step's forward and backward)."""
 
-    parts: list[NativeRegion | EagerOp] = field(default_factory=list)
+    parts: list[NativeRegion | EagerOp | WriteBack] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # whole-graph facts (graph breaks)
     # torchtosa's own errors (bugs to report) whose ops run eagerly instead, in graph order
     failures: list[InternalError] = field(default_factory=list)
@@ -83,23 +97,50 @@ class Explanation:
     def native_ops(self) -> int:
         return sum(sum(p.ops.values()) for p in self.parts if isinstance(p, NativeRegion))
 
+    def graphs(self) -> dict[str, tuple[int, int]]:
+        """Each labelled graph's (native ops, eager ops), in the order they were compiled."""
+        counts: dict[str, tuple[int, int]] = {}
+        for p in self.parts:
+            native, eager = counts.get(p.graph, (0, 0))
+            if isinstance(p, NativeRegion):
+                native += sum(p.ops.values())
+            elif isinstance(p, EagerOp):
+                eager += 1
+            counts[p.graph] = (native, eager)
+        return {g: c for g, c in counts.items() if g}
+
+    def label(self, graph: str) -> Explanation:
+        """This explanation with every part marked as one of `graph`'s."""
+        for p in self.parts:
+            p.graph = graph
+        return self
+
     def __str__(self) -> str:
         lines = list(self.notes)
         if self.cpu is not None and any(isinstance(p, NativeRegion) for p in self.parts):
             lines.append(f"native code for {self.cpu}")
         lines += [f"internal error {f.short()} — its ops run eagerly; please report this torchtosa bug"
                   for f in self.failures]
-        for failed, group in itertools.groupby(self.parts, key=_failed_region):
-            if failed is not None:  # one line for the ops of a region that failed to compile
-                group = list(group)
-                lines.append(f"eager  {len(group)} ops of a native region that failed to compile "
-                             f"({_counted(p.op for p in group)}): the internal error above")
-                continue
-            for part in group:
-                if isinstance(part, NativeRegion):
-                    lines.append(f"native {part.name}: {sum(part.ops.values())} ops ({_counted(part.ops.elements())})")
+        graphs, current = self.graphs(), ""
+        for failed, parts in itertools.groupby(self.parts, key=_failed_region):
+            group = list(parts)
+            for part in group if failed is None else group[:1]:
+                if part.graph and part.graph != current:  # a training step's forward, then backward
+                    current = part.graph
+                    native, eager = graphs[current]
+                    ran = f"all {native} ops native" if not eager else f"{native} ops native, {eager} eager"
+                    lines.append(f"{current}: {ran}")
+                if failed is not None:  # one line for the ops of a region that failed to compile
+                    lines.append(f"eager  {len(group)} ops of a native region that failed to compile "
+                                 f"({_counted(p.op for p in group)}): the internal error above")
+                elif isinstance(part, NativeRegion):
+                    ops = _counted(part.ops.elements())
+                    lines.append(f"native {part.name}: {sum(part.ops.values())} ops ({ops})")
                     if part.program.ranges:
                         lines.append(f"       serves sizes {part.program.serves()}")
+                elif isinstance(part, WriteBack):
+                    lines.append(f"write  {part.input}: its new value, copied into the caller's tensor "
+                                 f"— at {part.where}")
                 else:
                     lines.append(f"eager  {part.op}: {part.reason} — at {part.where}")
         return "\n".join(lines)
@@ -107,11 +148,13 @@ class Explanation:
     def summary(self) -> str:
         """One line: how many ops fell back and why."""
         total = self.native_ops + len(self.eager)
+        graphs = [g for g, (_, eager) in self.graphs().items() if eager]
+        scope = f" of the {' and '.join(graphs)}" if graphs else ""
         failed = [f"internal error {f.short()} (a torchtosa bug: please report it)" for f in self.failures]
         why = Counter(f"{e.op} ({e.reason})" for e in self.eager if e.failure is None)
         listed = "; ".join([*failed, *(f"{w} x{n}" if n > 1 else w for w, n in why.most_common(4))])
         more = f"; and {len(why) - 4} more" if len(why) > 4 else ""
-        return f"torchtosa: {len(self.eager)} of {total} ops run eagerly: {listed}{more} (see explain())"
+        return f"torchtosa: {len(self.eager)} of {total} ops{scope} run eagerly: {listed}{more} (see explain())"
 
     def extend(self, other: Explanation) -> None:
         """Add another graph's parts (a function compiled graph by graph), regions numbered on."""
@@ -348,7 +391,11 @@ def _explain(gm: fx.GraphModule, reasons: dict[str, str | None], regions: dict[s
                 or is_size(node)):
             continue
         op = str(node.target)
-        if node.name in regions:
+        if _write_back(node):  # where the new value is computed (the copy itself has no source line)
+            target, value = node.args[:2]
+            explanation.parts.append(WriteBack(target.meta.get("user_input", target.name),
+                                               where(value if isinstance(value, fx.Node) else node)))
+        elif node.name in regions:
             name, program = regions[node.name]
             if name not in by_region:
                 by_region[name] = NativeRegion(f"region {len(by_region)}", Counter(), program)
@@ -370,7 +417,7 @@ def _in(failure: InternalError) -> str:
 _REGION_FAILED = "its native region failed to compile"
 
 
-def _failed_region(part: NativeRegion | EagerOp) -> int | None:
+def _failed_region(part: NativeRegion | EagerOp | WriteBack) -> int | None:
     """The identity of the failure an eager op's region failed to compile with, or None."""
     if isinstance(part, EagerOp) and part.failure is not None and part.reason.startswith(_REGION_FAILED):
         return id(part.failure)
@@ -380,6 +427,11 @@ def _failed_region(part: NativeRegion | EagerOp) -> int | None:
 def _counted(ops: Iterable[str]) -> str:
     """`aten.add.Tensor x1, aten.mul.Tensor x2`: each op and how often, sorted."""
     return ", ".join(f"{op} x{n}" for op, n in sorted(Counter(ops).items()))
+
+
+def _write_back(node: fx.Node) -> bool:
+    """Whether `node` copies a whole new value into a graph input (AOTAutograd's kept mutation)."""
+    return node.target is torch.ops.aten.copy_.default and node.args[0].op == "placeholder"
 
 
 def all_native(gm: fx.GraphModule, program: Program) -> Explanation:

@@ -31,8 +31,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
 import torch.utils._pytree as pytree  # noqa: E402
-from torch._decomp import core_aten_decompositions  # noqa: E402
 
+from torchtosa.capture.decompositions import DECOMPOSITIONS  # noqa: E402
 from torchtosa.errors import TorchTosaError  # noqa: E402
 from torchtosa.importer.registry import Entry, eager_reasons, registry  # noqa: E402
 from torchtosa.importer.target import Target  # noqa: E402
@@ -81,11 +81,12 @@ def why_not(op: torch._ops.OpOverload, decomposed: set[Any]) -> tuple[str, str]:
         path, _, line = known.where.partition(":")
         return "left to eager", f"{known.reason} ([{known.where}](../{path}#L{line}))"
     if op in decomposed:
-        return "decomposed before lowering", ("in `core_aten_decompositions()`, which capture passes to "
-                                              "AOTAutograd: captured graphs hold its decomposition instead")
+        return "decomposed before lowering", ("in capture's decomposition table (core ATen's and "
+                                              "`capture/decompositions.py`'s), which it passes to AOTAutograd: "
+                                              "captured graphs hold its decomposition instead")
     if schema.name.endswith("_backward"):
-        return "backward op", ("only in autograd backward graphs; torchtosa lowers forward graphs (the "
-                               "`torch.compile` backend runs backward graphs eagerly)")
+        return "backward op", ("only in autograd backward graphs, which torchtosa compiles like forward ones: "
+                               "with no entry, it runs eagerly there")
     if schema.is_mutable:
         return "mutates an argument", ("schema has a write alias: functionalized graphs never hold it, and "
                                        "capture rejects in-place updates of inputs/buffers")
@@ -135,7 +136,8 @@ def check_models(models: Any, run: bool, only: str | None) -> list[ModelStatus]:
         if run:
             try:
                 compiled = models.check_native(name)
-                captured = compiled.prepare(*models.instantiate(name)[1]).captured
+                with torch.no_grad():  # the inference capture (with autograd, calls go through torch.compile)
+                    captured = compiled.prepare(*models.instantiate(name)[1]).captured
                 ops = sorted({str(n.target) for n in captured.gm.graph.nodes
                               if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)})
                 verified, detail = True, "native == eager" + (f" (rtol {case.rtol}, atol {case.atol})"
@@ -315,7 +317,7 @@ def corpus_section(path: Path = CORPUS) -> tuple[str, list[str]]:
 
 def render(models: list[ModelStatus], ran: bool, conformant: dict[str, dict[str, str]]) -> tuple[str, str]:
     table = registry()
-    decomposed = set(core_aten_decompositions())
+    decomposed = set(DECOMPOSITIONS)
     all_ops = aten_overloads()
     core = [op for op in all_ops if torch.Tag.core in op.tags]
     core_names = {str(op) for op in core}
@@ -371,7 +373,7 @@ def render(models: list[ModelStatus], ran: bool, conformant: dict[str, dict[str,
         if entries:
             status, how = "lowered", _lowered_by(entries)
             if op in decomposed:
-                how += "; unreachable through capture: in `core_aten_decompositions()`"
+                how += "; unreachable through capture: in its decomposition table"
         else:
             reason, explanation = why_not(op, decomposed)
             status, how = "—", f"{reason}" + (f": {explanation}" if explanation else "")
@@ -413,7 +415,7 @@ def render(models: list[ModelStatus], ran: bool, conformant: dict[str, dict[str,
         if op is None:
             note = "not an overload of torch.ops.aten in this torch"
         elif op in decomposed:
-            note = "in `core_aten_decompositions()`: capture decomposes it, so this entry is unreachable"
+            note = "in capture's decomposition table: capture decomposes it, so this entry is unreachable"
         else:
             note = ""
         lines.append(f"| `{name}` | {_lowered_by(table[name])} | {note} | {', '.join(used_by.get(name, []))} | "

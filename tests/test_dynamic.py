@@ -87,6 +87,7 @@ def test_bert_one_compile_for_batch_and_sequence_length() -> None:
     torch._dynamo.reset()
 
 
+@torch.no_grad()  # inference: signatures of whole-graph captures (with autograd, Dynamo's own)
 def test_compile_default_goes_dynamic_after_a_size_change() -> None:
     torch.manual_seed(0)
     model = MLP().eval()

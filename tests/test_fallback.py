@@ -54,6 +54,7 @@ def _no_topk_entry(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("torchtosa.importer.graph.registry", lambda: table)
 
 
+@torch.no_grad()  # inference graphs (with autograd, see test_training.py)
 def test_topk_between_linears_runs_through_both_apis(monkeypatch: pytest.MonkeyPatch) -> None:
     _no_topk_entry(monkeypatch)
     torchtosa.api.CACHE.clear()
@@ -78,6 +79,7 @@ def test_topk_between_linears_runs_through_both_apis(monkeypatch: pytest.MonkeyP
         torchtosa.to_tosa(model, x)  # one TOSA module or an error: always strict
 
 
+@torch.no_grad()
 def test_explain_lists_regions_with_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
     _no_topk_entry(monkeypatch)
     model, x = TopkBetweenLinears().eval(), torch.randn(3, 16)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
+import re
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -183,8 +184,9 @@ def _inline(gm: fx.GraphModule, call: fx.Node) -> None:
 
 def _attribute_for(gm: fx.GraphModule, base: str, value: object) -> str:
     """An attribute name of `gm` for `value`: the one already holding it, or a free one."""
-    name, i = base.replace(".", "_"), 0
+    stem = re.sub(r"\W", "_", base)  # a module path may hold any character (`block1-0`)
+    name, i = stem, 0
     while hasattr(gm, name) and getattr(gm, name) is not value:
         i += 1
-        name = f"{base.replace('.', '_')}_{i}"
+        name = f"{stem}_{i}"
     return name

@@ -1,8 +1,9 @@
-"""Capture a PyTorch callable as an inference-only, core-ATen FX graph.
+"""Capture a PyTorch callable as a core-ATen FX graph.
 
-`capture` traces with TorchDynamo (fullgraph) and AOTAutograd (core ATen
-decompositions) under `torch.no_grad()`; `capture_exported` starts from a
-`torch.export.ExportedProgram`; `make_backend` builds a `torch.compile` backend.
+`capture` traces an inference graph with TorchDynamo (fullgraph) and AOTAutograd
+(decompositions.py) under `torch.no_grad()`; `capture_exported` starts from a
+`torch.export.ExportedProgram`; `make_backend` builds a `torch.compile` backend, which
+compiles AOTAutograd's inference graphs, or with autograd its forward and backward graphs.
 `capture` and `capture_exported` hand over a graph whose placeholders are the
 lifted parameters/buffers/constants first, then the user's tensor inputs.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import math
+import itertools
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -21,10 +22,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
-from torch._decomp import core_aten_decompositions
 from torch._dynamo import exc as dynamo_exc
 from torch._dynamo.eval_frame import remove_from_cache
-from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+from torch._functorch.aot_autograd import aot_module_simplified
 from torch._guards import TracingContext, detect_fake_mode
 from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -33,6 +33,7 @@ from torch.fx.experimental.symbolic_shapes import has_free_symbols
 
 from ..errors import InvalidInput, TorchTosaError, Unsupported
 from ..options import Options
+from .decompositions import DECOMPOSITIONS
 from .outline import inline_subgraphs, outlined, repeated_layers
 
 __all__ = ["Captured", "capture", "capture_exported", "make_backend"]
@@ -59,6 +60,8 @@ class Captured:
     param_names: list[str] = field(default_factory=list)
     # the layers traced once (outline.py): how many calls each traced subgraph had
     outlined: dict[str, int] = field(default_factory=dict)
+    # which graph of a torch.compile graph it is ("forward graph 0"), if it came from one
+    graph: str = ""
 
 
 class _Constant:
@@ -139,7 +142,8 @@ def _traced(fn: Callable[..., Any] | torch.nn.Module, args: tuple[Any, ...],
             remove_from_cache(_trampoline)
     out_leaves, out_spec = pytree.tree_flatten(_wrap_constants(result))
     paths = _state_paths(fn)
-    placeholders = {i: kind + path.replace(".", "_") for i, (kind, path) in paths.items()}  # p_fc_weight
+    # p_fc_weight; a module path is not always made of identifiers (regnet's `block1-0`)
+    placeholders = {i: kind + re.sub(r"\W", "_", path) for i, (kind, path) in paths.items()}
     gm, params = rec.rebuild(_state_order(fn), inputs, out_leaves, placeholders, _input_names(fn, args, kwargs))
     nodes = gm.graph.find_nodes(op="placeholder")
     names = [paths[id(t)][1] if id(t) in paths else node.name for t, node in zip(params, nodes, strict=False)]
@@ -154,7 +158,7 @@ def capture_exported(ep: torch.export.ExportedProgram) -> Captured:
     does a failure of PyTorch's own re-tracing in `run_decompositions`.
     """
     try:
-        ep = ep.run_decompositions(core_aten_decompositions())
+        ep = ep.run_decompositions(DECOMPOSITIONS)
     except Exception as e:  # e.g. a view whose strides changed under decomposition
         raise Unsupported(f"ExportedProgram.run_decompositions failed (capture the module instead): {e}") from e
     sig = ep.graph_signature
@@ -179,23 +183,32 @@ def capture_exported(ep: torch.export.ExportedProgram) -> Captured:
 
 
 def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]]) -> Callable[..., Any]:
-    """A `torch.compile` backend that hands each AOTAutograd forward graph to `compile_graph`.
+    """A `torch.compile` backend that hands each graph AOTAutograd makes to `compile_graph`.
 
+    Under no_grad that is one inference graph per Dynamo graph; with autograd, the forward and
+    the backward graph of the partitioned joint graph (the forward also returns what backward
+    saves), which AOTAutograd's runtime wraps in an autograd.Function. `Captured.graph` says
+    which: "forward graph 0" (the Dynamo graphs a backend compiles are numbered from 0).
     `compile_graph` gets the backend's `Options` (torch.compile's `options=`; with
-    fallback="eager" updates of inputs stay in the graph as `copy_` nodes). Every
-    placeholder is a runtime argument (`params == []`). `compile_graph`
-    runs on the graph's first call, so `example_inputs` are that call's real
-    arguments (ints where sizes are symbolic). Its result takes the arguments
-    positionally and returns the graph's flat outputs. With autograd enabled the
-    forward graph of the partitioned joint graph is compiled (it also returns the
-    activations saved for backward) and the backward graph runs eagerly.
+    fallback="eager" updates of inputs stay in the graph as `copy_` nodes). Every placeholder
+    is a runtime argument (`params == []`). `compile_graph` runs on the graph's first call (a
+    backward graph's: on the first backward), so `example_inputs` are that call's real
+    arguments (ints where sizes are symbolic). Its result takes the arguments positionally and
+    returns the graph's flat tensor outputs; outputs that are not tensors (a backward graph's
+    None for an input that needs no gradient) are put back around them.
     """
 
-    def fw_compiler(gm: fx.GraphModule, _fake_args: Sequence[Any], options: Options) -> Callable[..., Any]:
+    def graph_compiler(gm: fx.GraphModule, _fake_args: Sequence[Any], options: Options, name: str,
+                       inputs: list[str]) -> Callable[..., Any]:
+        placeholders = gm.graph.find_nodes(op="placeholder")
+        if not name.startswith("backward") and len(placeholders) == len(inputs):
+            for node, user_name in zip(placeholders, inputs, strict=True):
+                node.meta["user_input"] = user_name  # Dynamo's name, for explain(): l_self_buffers_running_mean_
         inline_subgraphs(gm)  # nested compile regions the user marked
         if options.fallback == "error":
             _check_graph(gm, static=False)
         _simplify(gm.graph)
+        constants = _constant_outputs(gm)
         gm.recompile()
         compiled: Callable[..., Any] | None = None
 
@@ -204,21 +217,37 @@ def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]
             if compiled is None:
                 out_spec = pytree.tree_flatten(tuple(gm.graph.output_node().args[0]))[1]
                 in_spec = pytree.tree_flatten((tuple(args), {}))[1]
-                compiled = compile_graph(Captured(gm, [], list(args), in_spec, out_spec), options)
-            return compiled(*args)
+                compiled = compile_graph(Captured(gm, [], list(args), in_spec, out_spec, graph=name), options)
+            outputs = compiled(*args)
+            if not constants:
+                return outputs
+            outputs = list(outputs)
+            for i, value in constants:
+                outputs.insert(i, value)
+            return outputs
 
         run._boxed_call = True  # type: ignore[attr-defined]
         return run
 
+    graphs = itertools.count()  # the Dynamo graphs this backend compiled: each one's number
+
     def backend(gm: fx.GraphModule, example_inputs: list[Any],
                 options: dict[str, Any] | None = None) -> Callable[..., Any]:
         chosen = Options.of(options)
+        index = next(graphs)
+        # the inputs of AOTAutograd's forward graph are Dynamo's, in order (parameters and buffers included)
+        inputs = [n.name for n in gm.graph.find_nodes(op="placeholder")]
+
+        def compiler(kind: str) -> Callable[..., Any]:
+            return functools.partial(graph_compiler, options=chosen, name=f"{kind} graph {index}", inputs=inputs)
+
         return aot_module_simplified(
             gm,
             example_inputs,
-            fw_compiler=functools.partial(fw_compiler, options=chosen),
-            bw_compiler=_run_eagerly,
-            decompositions={**core_aten_decompositions(), **_FUSED_DECOMPOSITIONS},
+            fw_compiler=compiler("forward"),
+            bw_compiler=compiler("backward"),
+            inference_compiler=compiler("inference"),
+            decompositions=DECOMPOSITIONS,
             # updates of inputs stay in the graph as copy_ nodes, to be written in place
             # by the eager fallback (state.py) rather than copied whole by AOTAutograd
             keep_inference_input_mutations=chosen.fallback == "eager",
@@ -227,57 +256,14 @@ def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]
     return backend
 
 
-def _encoder_layer_fwd(
-    src: torch.Tensor, embed_dim: int, num_heads: int, qkv_weight: torch.Tensor, qkv_bias: torch.Tensor,
-    proj_weight: torch.Tensor, proj_bias: torch.Tensor, use_gelu: bool, norm_first: bool, eps: float,
-    norm_weight_1: torch.Tensor, norm_bias_1: torch.Tensor, norm_weight_2: torch.Tensor,
-    norm_bias_2: torch.Tensor, ffn_weight_1: torch.Tensor, ffn_bias_1: torch.Tensor,
-    ffn_weight_2: torch.Tensor, ffn_bias_2: torch.Tensor, mask: torch.Tensor | None = None,
-    mask_type: int | None = None,
-) -> torch.Tensor:
-    """aten._transformer_encoder_layer_fwd (nn.TransformerEncoderLayer's fused inference kernel) in
-    composite ops. Dynamo takes that fast path under no_grad, and no decomposition ships with torch;
-    `capture` avoids it by disabling the fast path while tracing, a torch.compile backend cannot."""
-    if mask is not None:
-        raise Unsupported("nn.TransformerEncoderLayer's fused inference path with a mask under torch.compile: "
-                          "call torch.backends.mha.set_fastpath_enabled(False) or use torchtosa.compile")
-    F = torch.nn.functional
-    b, s, _ = src.shape
-    head_dim = embed_dim // num_heads
-
-    def heads(t: torch.Tensor) -> torch.Tensor:
-        return t.reshape(b, s, num_heads, head_dim).transpose(1, 2)
-
-    def attention(x: torch.Tensor) -> torch.Tensor:
-        q, k, v = F.linear(x, qkv_weight, qkv_bias).chunk(3, dim=-1)
-        scores = torch.matmul(heads(q), heads(k).transpose(-2, -1)) / math.sqrt(head_dim)
-        out = torch.matmul(torch.softmax(scores, dim=-1), heads(v))
-        return F.linear(out.transpose(1, 2).reshape(b, s, embed_dim), proj_weight, proj_bias)
-
-    def feed_forward(x: torch.Tensor) -> torch.Tensor:
-        h = F.linear(x, ffn_weight_1, ffn_bias_1)
-        return F.linear(F.gelu(h) if use_gelu else F.relu(h), ffn_weight_2, ffn_bias_2)
-
-    def norm1(x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, (embed_dim,), norm_weight_1, norm_bias_1, eps)
-
-    def norm2(x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, (embed_dim,), norm_weight_2, norm_bias_2, eps)
-
-    if norm_first:
-        x = src + attention(norm1(src))
-        return x + feed_forward(norm2(x))
-    x = norm1(src + attention(src))
-    return norm2(x + feed_forward(x))
-
-
-# Fused inference kernels that Dynamo can put in a torch.compile graph, as composite ops.
-_FUSED_DECOMPOSITIONS = {torch.ops.aten._transformer_encoder_layer_fwd.default: _encoder_layer_fwd}
-
-
-def _run_eagerly(gm: fx.GraphModule, _example_args: Sequence[Any]) -> Callable[..., Any]:
-    """An AOTAutograd compiler that runs the graph as it is."""
-    return make_boxed_func(gm)
+def _constant_outputs(gm: fx.GraphModule) -> list[tuple[int, Any]]:
+    """Remove the outputs of `gm` that are not nodes (None); return (position, value) of each."""
+    output = gm.graph.output_node()
+    outs = list(output.args[0])
+    constants = [(i, o) for i, o in enumerate(outs) if not isinstance(o, fx.Node)]
+    if constants:
+        output.args = (tuple(o for o in outs if isinstance(o, fx.Node)),)
+    return constants
 
 
 def _trampoline(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -299,7 +285,7 @@ class _Recorder:
     def backend(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         """Run AOTAutograd and remember what the compiled graph returns."""
         inner = aot_module_simplified(
-            gm, example_inputs, fw_compiler=self._fw_compiler, decompositions=core_aten_decompositions()
+            gm, example_inputs, fw_compiler=self._fw_compiler, decompositions=DECOMPOSITIONS
         )
 
         def run(*args: Any) -> Any:
@@ -336,7 +322,7 @@ class _Recorder:
         params = sorted(lifted.values(), key=lambda v: state_order.get(id(v), len(state_order)))
         fw_outs = graph.output_node().args[0]
         outputs = tuple(self._output_node(leaf, fw_outs, bound) for leaf in out_leaves)
-        names = [state_names.get(id(p), "") for p in params] + input_names
+        names = _unique([state_names.get(id(p), "") for p in params] + input_names)
         env = _bind_new_placeholders(graph, bound, params, inputs, names)
         graph.output_node().args = (tuple(env.get(node, node) for node in outputs),)
         _simplify(graph)
@@ -351,6 +337,21 @@ class _Recorder:
             if value is leaf:
                 return node
         raise Unsupported("an output tensor is neither computed by the graph nor one of its inputs")
+
+
+def _unique(names: list[str]) -> list[str]:
+    """`names` with a suffix on each repeat (`block1-0` and `block1_0` both give `p_block1_0_w`);
+    empty names stay empty."""
+    seen: set[str] = set()
+    out = []
+    for name in names:
+        unique, i = name, 0
+        while unique and unique in seen:
+            i += 1
+            unique = f"{name}_{i}"
+        seen.add(unique)
+        out.append(unique)
+    return out
 
 
 def _bound_values(gm: fx.GraphModule, args: list[Any]) -> dict[fx.Node, Any]:

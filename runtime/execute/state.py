@@ -7,7 +7,9 @@ the last reader of the old `x`, `update_in_place` turns the pair back into the i
 eager would run (`x.index_copy_(...)`, `x.slice(...).copy_(src)`), so a KV cache that
 gains one token per step is written one token at a time. The in-place form is found by
 torch's naming convention (`aten.f_` beside `aten.f`; `aten.v` for `aten.v_scatter`), not
-by a table. Those ops then run eagerly, between native regions.
+by a table. Those ops then run eagerly, between native regions. A pointwise update
+(`x.add_(1)`: batch norm's step counter) writes every element either way: it stays a native
+op followed by the copy.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def in_place_writes(gm: fx.GraphModule) -> dict[fx.Node, fx.Node]:
     for copy in gm.graph.find_nodes(op="call_function", target=aten.copy_.default):
         dst, src = copy.args[:2]
         if (dst.op == "placeholder" and isinstance(src, fx.Node) and isinstance(src.target, OpOverload)
-                and src.args and src.args[0] is dst
+                and src.args and src.args[0] is dst and torch.Tag.pointwise not in src.target.tags
                 and (_in_place_variant(src.target) or _view_of_scatter(src.target))):
             writes[src] = copy
     return writes
