@@ -208,3 +208,16 @@ def test_avg_pooling_matches_eager(channels: int, size: tuple[int, int], kernel:
                                    ceil_mode: bool, count_include_pad: bool) -> None:
     pool = nn.AvgPool2d(kernel, stride, padding, ceil_mode=ceil_mode, count_include_pad=count_include_pad)
     _check(pool, torch.randn(1, channels, *size))
+
+
+@pytest.mark.parametrize(("conv", "batch"), [(nn.Conv3d(4, 8, 3, padding=1, stride=(2, 1, 1)), 1),
+                                             (nn.Conv3d(3, 6, (2, 3, 3), stride=(1, 2, 2), dilation=(2, 1, 1)), 2),
+                                             (nn.Conv3d(4, 8, 1, bias=False), 2)])
+def test_3d_convolutions_are_sums_of_2d_ones(conv: nn.Module, batch: int) -> None:
+    """A 3-D convolution is, per batch element and depth tap, a 2-D convolution of the planes that
+    tap reads, tiled and vectorized as any 2-D one (no 3-D convolution left as plain loops)."""
+    x = torch.randn(batch, conv.in_channels, 7, 9, 9)
+    ops = _ops(conv.eval(), x)
+    assert "linalg.conv_3d_ndhwc_dhwcf" not in ops and "linalg.conv_1d_nwc_wcf" not in ops  # decomposed, vectorized
+    assert "vector.fma" in ops
+    _check(conv, x)

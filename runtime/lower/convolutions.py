@@ -6,6 +6,11 @@
   nn.Linear. A strided one stays a convolution: its rows would be a strided slice of the input,
   which bufferization copies with the runtime library's element-by-element memrefCopy (measured
   slower than the direct convolution).
+- A 3-D convolution (NDHWC, a DHWCF filter) is a sum over its depth taps of 2-D convolutions
+  (`_conv3d_as_conv2d`): per batch element and depth tap kd, the input planes od * sd + kd * dd
+  for every output plane od are the batch of a linalg.conv_2d_nhwc_hwcf with the tap's HWCF
+  filter, accumulating into the output planes. The schedule tiles and vectorizes those as any
+  2-D convolution; a 3-D one it would leave as plain loops (100x slower than eager).
 - A depthwise convolution with channel multiplier 1 (tosa.depthwise_conv2d of a depthwise
   nn.Conv2d: groups == channels) is linalg.depthwise_conv_2d_nhwc_hwc, which the schedule
   tiles over (output column, channel) and vectorizes along the channels (`schedule.plan`).
@@ -26,6 +31,9 @@ from ..internal import blaming
 from .irutil import find_ops, is_sub_byte
 
 CONV = "linalg.conv_2d_nhwc_fhwc"  # loops (n, oh, ow, f, kh, kw, c)
+CONV_HWCF = "linalg.conv_2d_nhwc_hwcf"  # the same loops; its filter as the schedule's tiles read it
+_CONV3D = "linalg.conv_3d_ndhwc_dhwcf"
+MAX_UNROLLED = 64  # batch elements x depth taps of a 3-D convolution rewritten as 2-D ones
 DEPTHWISE = "linalg.depthwise_conv_2d_nhwc_hwc"  # loops (n, oh, ow, c, kh, kw)
 _DEPTHWISE_M = "linalg.depthwise_conv_2d_nhwc_hwcm"  # loops (n, oh, ow, c, m, kh, kw)
 
@@ -41,6 +49,11 @@ def rewrite_convolutions(module: ir.Module) -> None:
         for op in find_ops(module, lambda op: op.name == _DEPTHWISE_M and _multiplier_one(op)):
             with blaming(op):
                 _depthwise_hwc(op)
+        for op in find_ops(module, lambda op: op.name == _CONV3D and _static_f32(op)):
+            if ir.RankedTensorType(op.results[0].type).shape[0] * ir.RankedTensorType(op.operands[1].type).shape[0] \
+                    <= MAX_UNROLLED:
+                with blaming(op):
+                    _conv3d_as_conv2d(op)
 
 
 def pads_in_place(module: ir.Module) -> None:
@@ -103,6 +116,35 @@ def _pointwise_as_matmul(op: ir.Operation) -> None:
         result = _expand(product, [[0, 1, 2], [3]], [n, oh, ow, f])
     op.results[0].replace_all_uses_with(result)
     op.erase()
+
+
+def _conv3d_as_conv2d(op: ir.Operation) -> None:
+    """Replace 3-D convolution `op` by, for each batch element and depth tap, a 2-D convolution
+    of the input planes the tap reads (a strided slice along depth: the 2-D convolution's batch)
+    with the tap's filter, each accumulating into the previous one's result."""
+    image, weight, init = list(op.operands)[:3]
+    n, od, oh, ow, f = ir.RankedTensorType(init.type).shape
+    _, _, h, w, c = ir.RankedTensorType(image.type).shape
+    kd, kh, kw, _, _ = ir.RankedTensorType(weight.type).shape
+    (sd, *strides), (dd, *dilations) = _ints(op, "strides"), _ints(op, "dilations")
+    planes = [[0, 1], [2], [3], [4]]
+    with ir.InsertionPoint(op), op.location:
+        result = init
+        for b in range(n):
+            acc = _collapse(_slice(result, [b, 0, 0, 0, 0], [1, od, oh, ow, f]), planes)
+            for tap in range(kd):
+                inputs = _collapse(_slice(image, [b, tap * dd, 0, 0, 0], [1, od, h, w, c], [1, sd, 1, 1, 1]), planes)
+                taps = _collapse(_slice(weight, [tap, 0, 0, 0, 0], [1, kh, kw, c, f]), planes)
+                acc = linalg.conv_2d_nhwc_hwcf(inputs, taps, outs=[acc], strides=strides, dilations=dilations)
+            result = tensor.InsertSliceOp(_expand(acc, planes, [1, od, oh, ow, f]), result, [], [], [],
+                                          [b, 0, 0, 0, 0], [1, od, oh, ow, f], [1] * 5).result
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
+
+
+def _slice(value: ir.Value, offsets: list[int], sizes: list[int], strides: list[int] | None = None) -> ir.Value:
+    result = ir.RankedTensorType.get(sizes, ir.RankedTensorType(value.type).element_type)
+    return tensor.ExtractSliceOp(result, value, [], [], [], offsets, sizes, strides or [1] * len(sizes)).result
 
 
 def _depthwise_hwc(op: ir.Operation) -> None:

@@ -62,13 +62,15 @@ from ..cpu import Cpu, select
 from ..internal import blaming
 from . import vecmath
 from .convolutions import CONV as _CONV
+from .convolutions import CONV_HWCF as _CONV_HWCF
 from .convolutions import DEPTHWISE as _DEPTHWISE
 from .convolutions import pads_in_place
 from .irutil import find_ops, run_passes
 from .tiles import Tiles, derive
 
 _CONTRACTIONS = {"linalg.batch_matmul": 1, "linalg.matmul": 0}  # op -> number of batch loops
-_DECOMPOSED = (_CONV, _DEPTHWISE)  # tiled by one output row and filter tap, then decomposed to 1-D
+_DENSE = (_CONV, _CONV_HWCF)  # 2-D convolutions: loops (n, oh, ow, f, kh, kw, c)
+_DECOMPOSED = (*_DENSE, _DEPTHWISE)  # tiled by one output row and filter tap, then decomposed to 1-D
 # not tiled (unless `plan` tiles them), but split across threads: loops (output dims..., kh, kw)
 _WINDOWED = ("linalg.pooling_nhwc_max", "linalg.pooling_nhwc_min", "linalg.pooling_nhwc_sum",
              "linalg.depthwise_conv_2d_nhwc_hwc", "linalg.depthwise_conv_2d_nhwc_hwcm")
@@ -331,7 +333,7 @@ def thread_split(op: ir.Operation, tiling: Tiling, chunks: int) -> tuple[int, ..
     loops = _loop_sizes(op)
     if chunks < 2 or partial or loops is None or op.parent.name != "func.func":
         return ()
-    macs = op.name == _CONV or _matmul_loops(op) is not None  # a depthwise one: per element, as poolings
+    macs = op.name in _DENSE or _matmul_loops(op) is not None  # a depthwise one: per element, as poolings
     work = math.prod(DYNAMIC_SIZE_GUESS if n is None else n for n in loops)
     if work < (SPLIT_MIN_MACS if macs else SPLIT_MIN_ELEMENTS):
         return ()
@@ -509,7 +511,7 @@ def plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
     t = tiles or derive(select())
     rows, columns = t.matmul
     order = list(range(len(loops)))
-    if op.name == _CONV:  # a dynamic output width gets tiles of 1 (no masked 1-D convolutions)
+    if op.name in _DENSE:  # a dynamic output width gets tiles of 1 (no masked 1-D convolutions)
         _, _, ow, f, _, _, _ = loops
         sizes = (1, 1, 1 if ow is None else _divisor(ow, rows), _column_divisor(f, columns), 1, 1, 1)
         return sizes, tuple(order), (), ()
@@ -870,12 +872,13 @@ def _loop_sizes(op: ir.Operation) -> tuple[Extent, ...] | None:
             return None  # a transposed or broadcast variant
         a, b = (_shape(v) for v in list(op.operands)[:2])
         return (*a[:-1], b[-1], a[-1])  # (batch...,) m, n, k
-    if op.name == _CONV:
+    if op.name in _DENSE:
         w = _shape(op.operands[1])
         n, oh, ow, f = _shape(op.results[0])
         if None in w or f is None:
             return None
-        return (n, oh, ow, f, w[1], w[2], w[3])
+        kh, kw, c = w[1:] if op.name == _CONV else w[:3]  # FHWC or HWCF
+        return (n, oh, ow, f, kh, kw, c)
     if op.name == _DEPTHWISE:
         kh, kw, _ = _shape(op.operands[1])
         n, oh, ow, c = _shape(op.results[0])
