@@ -43,6 +43,12 @@ Then (unless --no-int8) an int8 table: the MLP and the conv block quantized with
 torchtosa's TosaQuantizer), frozen to integer TOSA and run natively (one and two threads), against
 torchtosa's float32 compile, eager float32 and PyTorch running the quantized model.
 
+Then (unless --no-training) a training table: a step (forward, backward, eager SGD update) of the
+MLP, the conv block with batch norm and two encoder layers in train mode, through torch.compile with
+torchtosa's backend and with Inductor, against eager; one thread. And (unless --no-cache) compile
+time of the small workloads, ResNet-50 and MobileNetV2 in a first process and a second one sharing
+the on-disk caches, torchtosa's and Inductor's.
+
 Then (unless --no-dynamic) a dynamic-shape table: for the MLP, the encoder layer and BERT, one
 torch.compile(dynamic=True) with the torchtosa backend (opt "default", one thread, and
 "parallel") serving 3 sizes, against torchtosa compiled for each size, eager (one thread) and
@@ -60,6 +66,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import datetime
 import gc
 import importlib.metadata
@@ -594,7 +601,8 @@ def command_line() -> str:
 
 
 def write_doc(env: dict[str, str], table: str, notes: list[str], scaling: str | None,
-              dynamic: str | None = None, generation: str | None = None, int8: str | None = None) -> None:
+              dynamic: str | None = None, generation: str | None = None, int8: str | None = None,
+              training: str | None = None, cached: str | None = None) -> None:
     text = ["# Benchmarks", "",
             "Written by `scripts/bench.py` (`make bench`); regenerate rather than edit. The method (backends, "
             "interleaved timing, FLOP counting, what compile time and peak RSS include) is described in the "
@@ -608,6 +616,20 @@ def write_doc(env: dict[str, str], table: str, notes: list[str], scaling: str | 
                  "float model, eager float32, and PyTorch running the quantized model (\"eager quantized\": its "
                  "quantize/dequantize ops around float ops, the reference the int8 results are checked against). "
                  "Ratios above 1x are slower.", "", int8, ""]
+    if training:
+        text += ["## Training", "",
+                 "One step of a model in train mode: forward, a mean squared error, backward and an eager SGD "
+                 "update, with the model through `torch.compile` (torchtosa's backend: native forward and backward "
+                 "graphs; Inductor), one thread. \"1st loss vs eager\" is the first step's loss against eager's; "
+                 "the notes say what ran eagerly.", "", training, ""]
+    if cached:
+        text += ["## Compile time, first and second process", "",
+                 "`torchtosa.compile` (and `torch.compile` with Inductor) plus the first call in a new process "
+                 "with fresh on-disk caches, then in a second process sharing them (torchtosa's "
+                 "TORCHTOSA_CACHE_DIR, Inductor's TORCHINDUCTOR_CACHE_DIR); one thread each. Both include what "
+                 "any new process pays once (Dynamo's lazy imports: about 0.7 s); torchtosa's second process "
+                 "still captures the graph with Dynamo and AOTAutograd and imports it to TOSA, the key of its "
+                 "cache.", "", cached, ""]
     if dynamic:
         text += ["## Dynamic shapes", "",
                  "One `torch.compile(model, backend=\"torchtosa\", dynamic=True)` per workload serves every size "
@@ -769,6 +791,138 @@ def generate_section(notes: list[str]) -> str:
                            "graphs compiled", "tokens equal"])
 
 
+# ---------------------------------------------------------------- training
+
+
+def _train_mlp() -> tuple[nn.Module, Inputs]:
+    model, (x,) = build_mlp()
+    return model, (x, torch.randn(64, 512))
+
+
+def _train_conv() -> tuple[nn.Module, Inputs]:
+    model, _ = build_conv()
+    return model, (torch.randn(4, 16, 56, 56), torch.randn(4, 32, 28, 28))
+
+
+def _train_encoder() -> tuple[nn.Module, Inputs]:
+    layers = nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=1024, dropout=0.0, batch_first=True)
+    return nn.TransformerEncoder(layers, 2, enable_nested_tensor=False), (torch.randn(4, 64, 256),
+                                                                          torch.randn(4, 64, 256))
+
+
+TRAINING = {"mlp 512-2048-512 [64x512]": _train_mlp,
+            "conv block + batch norm [4x16x56x56]": _train_conv,
+            "2 encoder layers d256 [4x64x256]": _train_encoder}
+LEARNING_RATE = 0.01
+
+
+def _trainer(model: nn.Module, compiled: Callable[..., Any]) -> Callable[..., torch.Tensor]:
+    """One SGD step of `compiled` (the model or its compile) on a mean squared error; the loss."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
+
+    def step(x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = (compiled(x) - target).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    return step
+
+
+def training_section(args: argparse.Namespace, notes: list[str]) -> str | None:
+    """The training table: a step (forward, backward, SGD update in eager) of a model in train mode,
+    eager against the model compiled by torch.compile with torchtosa's backend and with Inductor, one
+    thread; the diff column is the first step's loss against eager's."""
+    rows: list[list[str]] = []
+    for name, build in TRAINING.items():
+        if args.only and args.only.lower() not in name.lower():
+            continue
+        torch.manual_seed(0)
+        torch._dynamo.reset()
+        model, inputs = build()
+        model.train()
+        reference = copy.deepcopy(model)
+        expected = _trainer(reference, reference)(*inputs)
+
+        def backend(compiler: str | None, model: nn.Module = model) -> Callable[..., Any]:
+            twin = copy.deepcopy(model)
+            return _trainer(twin, twin if compiler is None else torch.compile(twin, backend=compiler))
+
+        backends = [Backend("torchtosa 1t", 1, lambda: backend("torchtosa")),
+                    Backend(EAGER, 1, lambda: backend(None), compiles=False),
+                    Backend("inductor 1t", 1, lambda: backend("inductor"))]
+        print(f"\ntraining {name}", flush=True)
+        with warnings.catch_warnings(record=True) as caught:  # the backward graph compiles at the first step
+            warnings.simplefilter("always", torchtosa.FallbackWarning)
+            for b in backends:
+                prepare(b, inputs, expected, args.warmup, args.repeats)
+                print(f"  {b.name:18s} {b.error or _fmt_time(b.compile_s)}", flush=True)
+        time_interleaved(backends, inputs)
+        rows += rows_of(name, 0, backends)
+        eager = [str(w.message).splitlines()[0] for w in caught if issubclass(w.category, torchtosa.FallbackWarning)]
+        notes.append(f"training {name}: ran eagerly in torchtosa's forward and backward graphs: "
+                     f"{'; '.join(dict.fromkeys(eager)) or 'nothing'}")
+        notes += [f"training {name}: {b.name} failed: {b.error}" for b in backends if b.error]
+    return markdown(rows, TRAINING_HEADER) if rows else None
+
+
+TRAINING_HEADER = ["workload", "backend", "time/step (median)", "IQR", "vs eager 1t", "-", "compile (+1st step)",
+                   "1st loss vs eager", "peak RSS +MiB"]
+
+
+# ---------------------------------------------------------------- compile time, first and second process
+
+CACHED = ("mlp", "encoder layer", "conv block", "BERT", "ResNet-50 [1x", "MobileNetV2 [1x")
+
+
+def compile_child(name: str, backend: str) -> None:
+    """In a child process: compile workload `name` with `backend` and make the first call; print the
+    seconds it took as `compile_s <seconds>`."""
+    workload = next(w for w in WORKLOADS if w.name == name)
+    torch.manual_seed(0)
+    model, inputs = workload.build()
+    model.eval()
+    with torch.no_grad():
+        start = time.perf_counter()
+        compiled = torch.compile(model) if backend == "inductor" else torchtosa.compile(model, *inputs)
+        compiled(*inputs)
+        print(f"compile_s {time.perf_counter() - start:.3f}", flush=True)
+
+
+def _child_compile_s(name: str, backend: str, cache: Path) -> float | None:
+    env = dict(os.environ, TORCHTOSA_CACHE_DIR=str(cache / "torchtosa"),
+               TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, __file__, "--compile-child", name, "--backend", backend],
+                          capture_output=True, text=True, env=env, check=False)
+    found = re.search(r"^compile_s ([\d.]+)$", proc.stdout, re.M)
+    return float(found[1]) if found else None
+
+
+def cache_section(args: argparse.Namespace, notes: list[str]) -> str | None:
+    """Compile time (+ first call) of a workload in a first process and in a second one sharing
+    its on-disk caches (torchtosa's and Inductor's, both fresh for the first), each process
+    one thread."""
+    rows: list[list[str]] = []
+    for workload in WORKLOADS:
+        if not any(workload.name.startswith(prefix) for prefix in CACHED) or (
+                args.only and args.only.lower() not in workload.name.lower()):
+            continue
+        times: dict[str, tuple[float | None, float | None]] = {}
+        for backend in ("torchtosa", "inductor"):
+            with tempfile.TemporaryDirectory(prefix="torchtosa-bench-cache-") as tmp:
+                first = _child_compile_s(workload.name, backend, Path(tmp))
+                times[backend] = (first, _child_compile_s(workload.name, backend, Path(tmp)))
+        (tt1, tt2), (in1, in2) = times["torchtosa"], times["inductor"]
+        rows.append([workload.name, _fmt(tt1, ".2f", " s"), _fmt(tt2, ".2f", " s"), _ratio(tt2, tt1),
+                     _fmt(in1, ".2f", " s"), _fmt(in2, ".2f", " s"), _ratio(in2, in1), _ratio(tt1, in1)])
+        print("  " + "  ".join(rows[-1]), flush=True)
+        if None in (tt1, tt2, in1, in2):
+            notes.append(f"compile cache {workload.name}: a child process failed")
+    return markdown(rows, ["workload", "torchtosa 1st process", "2nd process", "2nd vs 1st", "inductor 1st process",
+                           "2nd process", "2nd vs 1st", "torchtosa vs inductor (1st)"]) if rows else None
+
+
 INT8_WORKLOADS = {"mlp 512-2048-512 [64x512]": build_mlp, "conv block 16-32-32 [1x16x56x56]": build_conv}
 INT8_HEADER = ["workload", "backend", "time/call (median)", "IQR", "vs torchtosa f32", "vs eager quantized",
                "compile (+1st call)", "max diff vs eager quantized (quanta)"]
@@ -864,10 +1018,18 @@ def main() -> int:
                         help="only the dynamic-shape table (printed, docs/benchmarks.md left alone)")
     parser.add_argument("--scaling-only", action="store_true",
                         help="only the compile time against depth table (printed, docs/benchmarks.md left alone)")
+    parser.add_argument("--no-training", action="store_true", help="skip the training table")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="skip the compile time table of a first and a second process")
+    parser.add_argument("--compile-child", metavar="WORKLOAD", help=argparse.SUPPRESS)  # cache_section's processes
+    parser.add_argument("--backend", default="torchtosa", help=argparse.SUPPRESS)
     parser.add_argument("--no-outline", action="store_true",
                         help="the compile time table with every layer traced (torchtosa.compile(outline=False))")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.compile_child:
+        compile_child(args.compile_child, args.backend)
+        return 0
     if args.scaling_only:
         print(compile_scaling(outline=not args.no_outline))
         return 0
@@ -943,6 +1105,11 @@ def main() -> int:
             print("  " + "  ".join(row[1:]), flush=True)
 
     int8 = None if args.no_int8 or args.dynamic_only else int8_section(args, notes)
+    training = None if args.no_training or args.dynamic_only else training_section(args, notes)
+    cached = None
+    if not args.no_cache and not args.dynamic_only:
+        print("\ncompile time, first and second process:", flush=True)
+        cached = cache_section(args, notes)
     dynamic = None if args.no_dynamic else dynamic_section(args, notes)
     generation = None
     if not args.no_dynamic and not args.only:
@@ -959,6 +1126,12 @@ def main() -> int:
     if int8:
         print()
         print(int8)
+    if training:
+        print()
+        print(training)
+    if cached:
+        print()
+        print(cached)
     if dynamic:
         print()
         print(dynamic)
@@ -971,7 +1144,7 @@ def main() -> int:
     for note in notes:
         print(note)
     if not args.no_write and rows:
-        write_doc(env, table, notes, scaling, dynamic, generation, int8)
+        write_doc(env, table, notes, scaling, dynamic, generation, int8, training, cached)
         print(f"\nwrote {DOC.relative_to(ROOT)}")
     return 0
 
