@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_generator import check_message, write
+from test_library import run
 
 import torchtosa
 from generator.cpus import load_cpus
@@ -104,6 +105,38 @@ def test_forced_int64_topk_matches_eager() -> None:
     for name in RUNNABLE_X86:
         values, indices = torchtosa.compile(torch.topk, x, 2, dim=0, cpu=name)(x, 2, dim=0)
         assert torch.equal(values, torch.topk(x, 2, dim=0).values) and torch.equal(indices, x.topk(2, 0).indices)
+
+
+def _bf16_roundings(x: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return x.to(torch.bfloat16), d.to(torch.bfloat16), torch.maximum(x.to(torch.bfloat16), d.to(torch.bfloat16)) * 3
+
+
+def test_bfloat16_roundings_run_for_every_runnable_entry(tmp_path: Path) -> None:
+    """Without AVX512-BF16, LLVM calls `__truncsfbf2` / `__truncdfbf2` for f32/f64 -> bfloat16,
+    which GCC's runtime lacks before GCC 13: a library of such code failed to load (every bf16
+    sample of `make test-avx2`). torchtosa compiles its own (`toolchain.BUILTINS`). Bits equal
+    to PyTorch's, NaN and infinities included; and export_library links (it forbids undefined
+    symbols) and runs."""
+    specials = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 3.3895e38, 1e-40, 1.00390625,
+                             1.005859375])
+    x = torch.cat([torch.randn(4096) * torch.exp(torch.randn(4096) * 10), specials])
+    d = x.double() * (1 + 2.0 ** -40)  # not f32 values: rounded twice, as PyTorch does
+    want = _bf16_roundings(x, d)
+    normal = x.abs() >= torch.finfo(torch.float32).tiny
+    for name in RUNNABLE_X86:
+        got = torchtosa.compile(_bf16_roundings, x, d, cpu=name)(x, d)
+        # AVX512-BF16's vcvtneps2bf16 flushes a subnormal f32 to zero (PyTorch rounds it)
+        compared = normal if "avx512_bf16" in TABLE[name].features else torch.ones_like(normal)
+        assert all(_same_bits(g[compared], w[compared]) for g, w in zip(got, want, strict=True)), name
+    library = torchtosa.export_library(_bf16_roundings, x, d, path=tmp_path / "libbf16.so", cpu="x86-64-v3")
+    assert "__truncsfbf2" not in toolchain.undefined_symbols(library.path)
+    assert all(_same_bits(g, w) for g, w in zip(run(library, x, d), want, strict=True))
+
+
+def _same_bits(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Equal bits, but any NaN for a NaN (PyTorch's own conversions give 0x7fc0 or 0xffff)."""
+    nan = want.isnan()
+    return torch.equal(got.isnan(), nan) and torch.equal(got.view(torch.int16)[~nan], want.view(torch.int16)[~nan])
 
 
 @pytest.mark.parametrize("name", sorted(TABLE))

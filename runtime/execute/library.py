@@ -130,7 +130,7 @@ def build(program: Program, constants: Sequence[torch.Tensor], path: str | Path,
                                memref_copy="memrefCopy" in undefined, notes=notes)
         header_file = path.with_suffix(".h").name
         (work / header_file).write_text(cabi.header(iface, cabi.identifier(header_file).upper()))
-        sources = ["glue.c", "kernel.o"]
+        sources = ["glue.c", "kernel.o", *map(str, toolchain.builtins_object(undefined, work, cpu))]
         symbol = None
         if constants:
             symbol = f"{prefix}_tt_constants"

@@ -397,10 +397,12 @@ def shared_object(module: ir.Module, name: str, cpu: Cpu, work: Path) -> Path:
     toolchain.optimize(work / "kernel.ll", work / "kernel.bc", cpu)
     toolchain.compile_object(work / "kernel.bc", work / "kernel.o", cpu)
     runtime = [_runner_utils()]
-    if any(s.startswith(("__kmpc_", "omp_")) for s in toolchain.undefined_symbols(work / "kernel.o")):
+    undefined = toolchain.undefined_symbols(work / "kernel.o")
+    if any(s.startswith(("__kmpc_", "omp_")) for s in undefined):
         runtime.append(openmp_runtime())
     link = [f for lib in runtime for f in (lib, f"-Wl,-rpath,{os.path.dirname(lib)}")]
-    toolchain.run([toolchain.c_compiler(), "-shared", "-o", "kernel.so", "kernel.o", *link, "-lmvec", "-lm"],
+    objects = ["kernel.o", *map(str, toolchain.builtins_object(undefined, work, cpu))]
+    toolchain.run([toolchain.c_compiler(), "-shared", "-o", "kernel.so", *objects, *link, "-lmvec", "-lm"],
                   cwd=work, what="link (cc)")
     return work / "kernel.so"
 

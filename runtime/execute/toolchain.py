@@ -117,3 +117,43 @@ def needed_libraries(library: Path) -> list[str]:
     out = run([llvm_tool("llvm-readobj"), "--needed-libs", str(library)], what="llvm-readobj")
     lines = out.split("NeededLibraries [", 1)[-1].split("]", 1)[0].splitlines()
     return [line.strip() for line in lines if line.strip()]
+
+
+# Compiler-runtime routines LLVM calls for bfloat16 roundings on a CPU without an instruction for
+# them (no AVX512-BF16, no Arm BF16), which GCC's runtime has only from GCC 13 on: a library of
+# such code failed to load with "undefined symbol: __truncsfbf2". Defined here in LLVM IR (weak,
+# hidden: a runtime's own wins), compiled for the library's CPU, so any C runtime will do. Round
+# to nearest even, NaN to a quiet NaN, as PyTorch's conversions; from f64 through f32, as
+# PyTorch's (two roundings: 1 + 2^-8 + 2^-52 becomes 1, not 1 + 2^-7).
+BUILTINS = {
+    "__truncsfbf2": """define weak hidden bfloat @__truncsfbf2(float %x) {
+  %bits = bitcast float %x to i32
+  %odd = lshr i32 %bits, 16
+  %lsb = and i32 %odd, 1
+  %bias = add i32 %lsb, 32767
+  %sum = add i32 %bits, %bias
+  %high = lshr i32 %sum, 16
+  %half = trunc i32 %high to i16
+  %nan = fcmp uno float %x, 0.0
+  %result = select i1 %nan, i16 32704, i16 %half
+  %bf = bitcast i16 %result to bfloat
+  ret bfloat %bf
+}""",
+    "__truncdfbf2": """define weak hidden bfloat @__truncdfbf2(double %x) {
+  %f = fptrunc double %x to float
+  %bf = call bfloat @__truncsfbf2(float %f)
+  ret bfloat %bf
+}""",
+}
+
+
+def builtins_object(undefined: set[str], work: Path, cpu: Cpu) -> list[Path]:
+    """`work`/builtins.o with the `BUILTINS` an object file calls (none: no file)."""
+    wanted = sorted(name for name in BUILTINS if name in undefined)
+    if not wanted:
+        return []
+    if "__truncdfbf2" in wanted and "__truncsfbf2" not in wanted:
+        wanted.append("__truncsfbf2")
+    (work / "builtins.ll").write_text("\n\n".join(BUILTINS[name] for name in wanted) + "\n")
+    compile_object(work / "builtins.ll", work / "builtins.o", cpu)
+    return [work / "builtins.o"]
