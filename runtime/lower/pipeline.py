@@ -110,7 +110,6 @@ PIPELINES: dict[str, str] = {
     "convert-cf-to-llvm,convert-openmp-to-llvm,reconcile-unrealized-casts)",
 }
 
-
 OPT_LEVELS = ("none", "default", "parallel")
 _OPTIMIZING_STAGES = ("unit-dims", "schedule")  # skipped by opt="none"
 _PARALLEL_STAGES = ("openmp",)  # run by opt="parallel" only
@@ -186,7 +185,7 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
             if stage in ("fuse-before-reshapes", "linalg"):
                 _split_boolean_producers(module)
             if stage == "unit-dims":
-                rewrite_convolutions(module)  # 1x1 as matmuls, depthwise without the multiplier
+                rewrite_convolutions(module, cpu)  # 1x1 as matmuls, depthwise without the multiplier
             if stage == "bufferize":
                 results = _result_counts(module)
                 _distinct_results(module)

@@ -14,6 +14,12 @@ time grows with the spill code). Two vectors of columns per row keep the loads t
     AVX2    (16 x  8 lanes):  8 accumulators = 4 rows x 2 vectors -> a 4 x 16 tile
     NEON    (32 x  4 lanes): 16 accumulators = 8 rows x 2 vectors -> an 8 x 8 tile
 
+A direct convolution reads its whole filter once per register tile of output pixels; up to
+half of the L2 cache (`direct_filter_bytes`) those reads stay in it. A larger filter (ResNet's
+3x3 x 256 and 512 channels with AVX-512's 2 MiB of L2; from 64 channels with x86-64-v3's 256
+KiB) would come from memory each time: such a convolution runs as a matmul per filter tap
+(`convolutions._taps_as_matmuls`), whose packed panels are read from L1 and L2.
+
 A vector-matrix product (one row: a decoding step's nn.Linear) reads the weight along k, its
 rows contiguous, as dot products: the same accumulators hold DOT_COLUMNS output columns x a
 chunk of k each, summed across lanes once k is done (64 of k with AVX-512, 16 with AVX2).
@@ -40,6 +46,7 @@ class Tiles:
     vector: int  # innermost tile of other vectorized ops
     transpose: int  # side of a transpose's square tile, transposed in registers: one vector
     dot: tuple[int, int]  # output columns x k chunk of a vector-matrix product's register tile
+    direct_filter_bytes: int  # the largest filter a convolution reads directly, else a matmul per tap
 
 
 def derive(cpu: Cpu) -> Tiles:
@@ -49,7 +56,7 @@ def derive(cpu: Cpu) -> Tiles:
     register_tile = (accumulators // COLUMN_VECTORS, COLUMN_VECTORS * lanes)
     dot = (DOT_COLUMNS, accumulators // DOT_COLUMNS * lanes)
     return Tiles(lanes=lanes, matmul=register_tile, depthwise=register_tile, vector=OTHER_OPS_VECTORS * lanes,
-                 transpose=lanes, dot=dot)
+                 transpose=lanes, dot=dot, direct_filter_bytes=cpu.l2_kib * 1024 // 2)
 
 
 def selected(cpu: Cpu | None = None) -> Tiles:
