@@ -82,7 +82,8 @@ CATALOGUE_KEYS = {
               + ", ".join(f"{k} ({v})" for k, v in {
                   "follow": "the tensor operands laid out as the result; default all",
                   "axis": "an i32 attribute naming an axis",
-                  "per_axis": "{operand: values per axis} of !tosa.shape operands",
+                  "per_axis": "{operand: its values for a size-1 axis the op leaves alone} of !tosa.shape "
+                              "operands holding values per axis",
                   "channels": "a bool attribute under which the last axis must stay last"}.items()),
 }
 LAYOUT_KEYS = ("follow", "axis", "per_axis", "channels")
@@ -104,15 +105,16 @@ class TosaLayout:
     """How an op maps under a permutation of its tensors' axes (the layout optimizer's table).
 
     `kind` "elementwise": the result and the `follow` operands (MLIR operand indices; None: all)
-    share one layout; an `axis` attribute names an axis, each `per_axis` operand (index, count) is
-    a !tosa.shape of `count` values per axis; with the bool attribute `channels` true, the last
-    axis carries per-element parameters and stays last. `kind` "reshape": unit dims may come and go.
+    share one layout; an `axis` attribute names an axis, each `per_axis` operand (index, neutral)
+    is a !tosa.shape of len(neutral) values per axis, `neutral` those of a size-1 axis the op
+    leaves alone; with the bool attribute `channels` true, the last axis carries per-element
+    parameters and stays last. `kind` "reshape": the axes it merges or splits move together.
     """
 
     kind: str
     follow: tuple[int, ...] | None = None
     axis: str | None = None
-    per_axis: tuple[tuple[int, int], ...] = ()
+    per_axis: tuple[tuple[int, tuple[int, ...]], ...] = ()
     channels: str | None = None
     where: str = ""
 
@@ -258,11 +260,13 @@ def _layout(spec: Any, name: Located, key: Located, declared: list[Located], att
     elif not variadic:
         follow = tuple(i for i, d in enumerate(declared) if "=" not in str(d))
     per_axis = []
-    for operand, count in _expect(spec.get("per_axis", {}), dict, "per_axis", at).items():
+    for operand, neutral in _expect(spec.get("per_axis", {}), dict, "per_axis", at).items():
         i = index(operand, "a per-axis operand")
-        if "const_shape(" not in str(declared[i]) or not isinstance(count, int) or count < 1:
-            raise _where(operand, at).error("per_axis maps a const_shape operand to its values per axis (1, 2...)")
-        per_axis.append((i, count))
+        if "const_shape(" not in str(declared[i]) or not isinstance(neutral, list) or not neutral \
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in neutral):
+            raise _where(operand, at).error("per_axis maps a const_shape operand to its values for an axis of "
+                                            "size 1 the op leaves alone, e.g. [0, 0]")
+        per_axis.append((i, tuple(int(v) for v in neutral)))
     return TosaLayout("elementwise", follow=follow,
                       axis=attribute(spec["axis"], "i32", "the axis attribute") if "axis" in spec else None,
                       per_axis=tuple(per_axis),

@@ -8,7 +8,7 @@ of ops that don't care about it (a *region*), from the table `LAYOUT` (opdefs/to
 `layout` entries, generated into the catalogue): which ops are elementwise (and which of their
 operands follow the result's layout), which attribute names an axis (concat, reductions), which
 `!tosa.shape` operands hold values per axis (pad, slice, tile), when the last axis must stay last
-(a per-channel RESCALE), and that a reshape lets unit dims come and go. An op without an entry
+(a per-channel RESCALE), and that a reshape moves groups of axes it merges or splits. An op without an entry
 (convolutions, pooling, matmul, gather) keeps its own layout.
 
 A region is grown from a transpose, on either side: the ops it feeds, computed in the layout
@@ -40,7 +40,10 @@ from .._generated.catalogue import LAYOUT
 
 Perm = tuple[int, ...]
 Cost = tuple[int, int, int]  # transposes, their elements, reshapes
-ROUNDS = 64  # regions rewritten per function at most (each one leaves fewer or smaller transposes)
+# MLIR's tosa-validate holds a !tosa.shape's length to the level's MAX_RANK (6 at level 8K), so
+# a pad of rank 4 (8 amounts) is not conformant: reshapes do not move a pad above rank 3
+MAX_SHAPE = 6
+ROUNDS = 8  # rewrites per op of a function at most (each leaves fewer or smaller transposes, or a reshape lower)
 
 
 def optimize_layout(module: ir.Module) -> None:
@@ -51,8 +54,8 @@ def optimize_layout(module: ir.Module) -> None:
                 continue
             block = func.regions[0].blocks[0]
             fold_layout(block)
-            for _ in range(ROUNDS):
-                if not _improve(block):
+            for _ in range(ROUNDS * len(block.operations)):
+                if not (_sink_reshape(block) or _improve(block)):
                     break
                 fold_layout(block)
 
@@ -81,17 +84,41 @@ def moves_units_only(shape: list[int], perm: Perm) -> bool:
 
 
 def through_reshape(source: list[int], result: list[int], perm: Perm) -> Perm | None:
-    """The layout of a reshape's result when its input is laid out by `perm`: the reshape of the
-    transposed input to the transposed result is still a reshape if it only adds or drops axes
-    of size 1 (the axes longer than 1 keep their order). None if it does more."""
+    """The layout of a reshape's result when its input is laid out by `perm`, if the reshape of
+    the transposed input is still a reshape: the axes a reshape merges (or splits) into one group
+    stay next to each other and in order under `perm`, and the groups move as wholes (axes of
+    size 1 come and go anywhere). None if `perm` separates a group."""
     big_source = [i for i, n in enumerate(source) if n != 1]
     big_result = [i for i, n in enumerate(result) if n != 1]
-    if [source[i] for i in big_source] != [result[i] for i in big_result]:
-        return tuple(range(len(result))) if moves_units_only(source, perm) else None
-    order = [big_source.index(p) for p in perm if source[p] != 1]
+    groups: list[tuple[list[int], list[int]]] = []  # (source axes, result axes) of equal sizes
+    i = j = 0
+    while i < len(big_source) and j < len(big_result):
+        axes, into = [big_source[i]], [big_result[j]]
+        size, size_into = source[big_source[i]], result[big_result[j]]
+        i, j = i + 1, j + 1
+        while size != size_into:
+            if size < size_into and i < len(big_source):
+                axes.append(big_source[i])
+                size, i = size * source[big_source[i]], i + 1
+            elif size > size_into and j < len(big_result):
+                into.append(big_result[j])
+                size_into, j = size_into * result[big_result[j]], j + 1
+            else:
+                return None
+        groups.append((axes, into))
+    if i != len(big_source) or j != len(big_result):
+        return None
+    position = {axis: k for k, axis in enumerate(p for p in perm if source[p] != 1)}
+    placed = []
+    for axes, into in groups:
+        at = [position[a] for a in axes]
+        if at != list(range(at[0], at[0] + len(at))):
+            return None
+        placed.append((at[0], into))
+    moved = [axis for _, into in sorted(placed) for axis in into]
     out = list(range(len(result)))
-    for slot, k in zip(big_result, order, strict=True):
-        out[slot] = big_result[k]
+    for slot, axis in zip(big_result, moved, strict=True):
+        out[slot] = axis
     return tuple(out)
 
 
@@ -259,6 +286,87 @@ def _foldable(op: ir.Operation) -> bool:
     except ValueError:
         return False
     return values.is_splat or str(ir.RankedTensorType(op.results[0].type).element_type) in _NUMPY
+
+
+# ---------------------------------------------------------------- reshapes
+
+
+def _sink_reshape(block: ir.Block) -> bool:
+    """Move the first reshape that only adds or drops axes of size 1 below the op of the table it
+    alone feeds (its other operands constants), if that op keeps those axes as they are: an
+    explicit pad between reshapes to rank 3 and back, or a per-channel RESCALE after a reshaped
+    convolution, then runs on the convolution's tensor, and the reshapes meet and fold."""
+    for op in block.operations:
+        op = op.operation
+        if op.name == "tosa.reshape" and _sink(op):
+            return True
+    return False
+
+
+def _owner(use: ir.OpOperand) -> ir.Operation:
+    return use.owner.operation if isinstance(use.owner, ir.OpView) else use.owner
+
+
+def _sink(op: ir.Operation) -> bool:
+    source, result = op.operands[0], op.results[0]
+    x, y = _shape(source), _shape(result)
+    uses = list(result.uses)
+    if x is None or y is None or len(uses) != 1 or [n for n in x if n != 1] != [n for n in y if n != 1]:
+        return False
+    user, at = _owner(uses[0]), uses[0].operand_number
+    entry = _entry(user)
+    if entry is None or entry["kind"] != "elementwise" or entry["axis"] or at not in _follow(user, entry):
+        return False
+    out = _shape(user.results[0])
+    if len(out) != len(y) or any((a == 1) != (b == 1) for a, b in zip(y, out, strict=True)):
+        return False
+    big_x, big_y = [i for i, n in enumerate(x) if n != 1], [i for i, n in enumerate(y) if n != 1]
+
+    def to_x(shape: list[int]) -> list[int]:
+        """A shape laid out as `y` (1 where y has 1), laid out as `x` instead."""
+        moved = [1] * len(x)
+        for i, j in zip(big_x, big_y, strict=True):
+            moved[i] = shape[j]
+        return moved
+
+    follow = _follow(user, entry)
+    for k in follow:
+        value = user.operands[k]
+        if value == result:
+            continue
+        const, shape = _producer(value), _shape(value)
+        if const is None or const.name != "tosa.const" or not _foldable(const) or shape is None \
+                or len(shape) != len(y) or any(shape[j] != 1 for j, n in enumerate(y) if n == 1):
+            return False
+    channels = entry["channels"]
+    if channels and ir.BoolAttr(user.attributes[channels]).value and x[-1] != y[-1]:
+        return False
+    per_axis = {}
+    for k, neutral in entry["per_axis"]:
+        values, n = _shape_values(user.operands[k]), len(neutral)
+        if values is None or any(tuple(values[n * j:n * j + n]) != neutral for j, d in enumerate(y) if d == 1):
+            return False
+        moved = [list(neutral) for _ in x]
+        for i, j in zip(big_x, big_y, strict=True):
+            moved[i] = values[n * j:n * j + n]
+        per_axis[k] = [v for axis in moved for v in axis]
+        if len(per_axis[k]) > MAX_SHAPE:
+            return False
+    with ir.InsertionPoint(user), user.location:
+        operands = []
+        for k, value in enumerate(user.operands):
+            if k in per_axis:
+                operands.append(_const_shape(per_axis[k]))
+            elif k in follow:
+                operands.append(source if value == result else reshape(value, to_x(_shape(value))))
+            else:
+                operands.append(value)
+        moved = ir.Operation.create(user.name, results=[_with_shape(user.results[0], to_x(out))], operands=operands,
+                                    attributes={name: user.attributes[name] for name in user.attributes})
+        user.results[0].replace_all_uses_with(reshape(moved.results[0], out))
+    user.erase()
+    op.erase()
+    return True
 
 
 # ---------------------------------------------------------------- regions
@@ -455,9 +563,9 @@ def _rewrite(region: _Region) -> None:
                     operands.append(read(value, region.perms[value]))
                 else:
                     operands.append(back.get(value, value))
-            for k, count in entry["per_axis"]:
-                values = _shape_values(op.operands[k])
-                operands[k] = _const_shape([v for p in perm for v in values[count * p:count * p + count]])
+            for k, neutral in entry["per_axis"]:
+                values, n = _shape_values(op.operands[k]), len(neutral)
+                operands[k] = _const_shape([v for p in perm for v in values[n * p:n * p + n]])
             if entry["kind"] == "reshape":
                 operands[1] = _const_shape(shape)
             attributes = {name: op.attributes[name] for name in op.attributes}
