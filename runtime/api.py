@@ -36,6 +36,7 @@ from .importer.target import Target
 from .internal import blame, internal_error, is_internal
 from .lower.layout import optimize_layout
 from .lower.linear_conv import linears_as_convolutions
+from .lower.pad_conv import pads_into_convolutions
 from .options import MIN_REGION_OPS, Options
 from .quant.passes.edges import integer_edges
 from .quant.passes.patterns import rewrite_groups
@@ -149,7 +150,9 @@ def to_tosa(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
     transpose to its end: `lower/layout.py`). `npu=True` shapes the TOSA for an NPU compiler such
     as Arm's Vela (which `torchtosa.vela.compile` and `torchtosa export --vela` ask for): integer
     linear layers (a matmul of a constant weight, plus its bias) become 1x1 CONV2Ds, whose weights
-    Vela encodes and streams (`lower/linear_conv.py`). Either way the results are the same bits.
+    Vela encodes and streams (`lower/linear_conv.py`), and explicit zero-point pads before integer
+    convolutions the convolutions' own padding (`lower/pad_conv.py`). Either way the results are
+    the same bits.
     """
     captured = _capture(fn, args, kwargs)
     gm = freeze_graph(captured) if freeze else captured.gm
@@ -174,8 +177,9 @@ def to_tosa(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
 
 def for_npu(program: Program) -> None:
     """Rewrite `program` in place for an NPU compiler: its integer linear layers as 1x1
-    convolutions, the layout decided again around them; validated again for its target."""
-    if linears_as_convolutions(program.module):
+    convolutions and the explicit pads of its integer convolutions as their padding, the layout
+    decided again around them; validated again for its target."""
+    if pads_into_convolutions(program.module) + linears_as_convolutions(program.module):
         optimize_layout(program.module)
         if program.target is not None:
             program.target.validate(program.module)

@@ -3,8 +3,9 @@
 `to_tosa` for a target runs a CNN NHWC from its input's transpose to its end (lower/layout.py,
 driven by opdefs/tosa.yaml's `layout` table), on the integer path (tests/test_int8_models.py
 counts the int8 models' transposes) and the float path (here). `npu=True` makes integer linear
-layers 1x1 CONV2Ds (lower/linear_conv.py), as `torchtosa.vela.compile` and `--vela` do: the
-same bits on TOSA's reference model and natively, and no transpose left in LeNet.
+layers 1x1 CONV2Ds (lower/linear_conv.py) and explicit pads the convolutions' padding
+(lower/pad_conv.py), as `torchtosa.vela.compile` and `--vela` do: the same bits on TOSA's
+reference model and natively, and no transpose left in LeNet.
 """
 
 from __future__ import annotations
@@ -43,6 +44,40 @@ def test_linear_layers_become_convolutions() -> None:
         x = qin.quantize(torch.randn(shape))
         (want,), (got,), (fast,) = plain.reference(x), npu.reference(x), native(x)
         assert torch.equal(got, want) and torch.equal(fast, got)
+
+
+class TfPadded(nn.Module):
+    """Pads TensorFlow's way, as transformers' MobileNetV2: F.pad before the 3x3 convolutions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2), nn.BatchNorm2d(8), nn.ReLU6())
+        self.dw = nn.Sequential(nn.Conv2d(8, 8, 3, groups=8), nn.BatchNorm2d(8), nn.ReLU6())
+        self.down = nn.Conv2d(8, 16, 3, stride=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.stem(nn.functional.pad(x, (0, 1, 0, 1)))
+        y = self.dw(nn.functional.pad(y, (1, 1, 1, 1)))
+        return self.down(nn.functional.pad(y, (0, 1, 0, 1)))
+
+
+def test_pads_become_convolution_padding() -> None:
+    """Under npu=True the explicit pads (zero points, between reshapes, some with a RESCALE
+    after them) are the convolutions' padding: no PAD left, the same bits on the reference
+    model, and native code gives them too."""
+    model = randomize(TfPadded())
+    shape = (1, 3, 16, 16)
+    torch.manual_seed(0)
+    ep = quantize(model, (torch.randn(shape),), [(torch.randn(shape),) for _ in range(4)])
+    plain = torchtosa.to_tosa(ep, target="TOSA-1.0+INT", freeze=True)
+    npu = torchtosa.to_tosa(ep, target="TOSA-1.0+INT", freeze=True, npu=True)
+    assert ops(plain, "tosa.pad") == 3 and ops(npu, "tosa.pad") == 0 and transposes(npu) == 2
+    (qin,) = npu.input_quantization
+    native = NativeFunction(npu.module, npu.inputs, npu.outputs, name=npu.name)
+    torch.manual_seed(1)
+    x = qin.quantize(torch.randn(shape))
+    (want,), (got,), (fast,) = plain.reference(x), npu.reference(x), native(x)
+    assert torch.equal(got, want) and torch.equal(fast, got)
 
 
 class Residual(nn.Module):
