@@ -18,7 +18,7 @@ Backends:
   10 s on a 2-core EPYC); `--reference` times it on every workload.
 - eager PyTorch with 1 and with 2 intra-op threads (torch.set_num_threads around its batches);
 - torch.compile with Inductor, compiled and run with 1 thread (fresh cache dir: a cold compile
-  unless --warm);
+  unless --warm; torchtosa's disk cache is fresh too);
 - IREE (llvm-cpu, local-sync: 1 thread) if `iree-base-compiler` and `iree-base-runtime` are
   installed (optional: `.venv/bin/pip install -e ".[iree]"`; else the header says "not
   installed"). It gets the TOSA module torchtosa imports (generic op form, so the two MLIR
@@ -855,7 +855,7 @@ def main() -> int:
     parser.add_argument("--only", help="substring of a workload name to run")
     parser.add_argument("--reference", action="store_true",
                         help='time torchtosa opt="none" on every workload (by default only on the small ones)')
-    parser.add_argument("--warm", action="store_true", help="reuse inductor's default on-disk cache")
+    parser.add_argument("--warm", action="store_true", help="reuse inductor's and torchtosa's default on-disk caches")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     parser.add_argument("--no-scaling", action="store_true", help="skip the compile time against depth table")
     parser.add_argument("--no-dynamic", action="store_true", help="skip the dynamic-shape table")
@@ -874,6 +874,7 @@ def main() -> int:
 
     if not args.warm:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchtosa-bench-inductor-")
+        os.environ["TORCHTOSA_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchtosa-bench-cache-")
     loads = os.getloadavg()
     cpus = os.cpu_count() or 1
     iree = iree_version()
@@ -890,7 +891,8 @@ def main() -> int:
                                    "vector FMAs, no memory traffic, JIT-compiled like torchtosa's code): the ceiling "
                                    "of the GF/s column on one thread",
         "timing": f"{args.warmup} warmup calls, median of {args.repeats} interleaved batches of ~{BATCH_S * 1e3:.0f} "
-                  f"ms per backend; inductor cache {'default (warm)' if args.warm else 'fresh (cold compile)'}",
+                  f"ms per backend; inductor's and torchtosa's caches "
+                  f"{'default (warm)' if args.warm else 'fresh (cold compile)'}",
     }
     for key, value in env.items():
         print(f"{key}: {value.strip('`')}")

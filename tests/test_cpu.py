@@ -190,7 +190,8 @@ def test_a_base_cycle_is_an_error(tmp_path: Path) -> None:
         load_cpus(path)
 
 
-def test_explain_names_the_entry() -> None:
+def test_explain_names_the_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(cpus.ENV, raising=False)
     x = torch.randn(4, 8)
     forced = RUNNABLE_X86[0]
     assert f"native code for {forced} (" in str(torchtosa.compile(torch.tanh, x, cpu=forced).explain())

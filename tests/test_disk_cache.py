@@ -1,45 +1,62 @@
-"""The disk cache: a second process loads the compiled library instead of lowering and
-compiling again; the key tells compiles apart; a damaged entry is compiled again."""
+"""The disk cache: a compile whose module is in the cache loads the library kept there instead
+of lowering and compiling again (what a second process does; here the in-memory cache is
+cleared in between); the key tells compiles apart; a damaged entry is compiled again."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-SCRIPT = r"""
-import json, torch, torchtosa
+import pytest
+import torch
+
+import torchtosa
 from torchtosa.api import CACHE
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.LayerNorm(128),
-                            torch.nn.Linear(128, 10)).eval()
-x = torch.randn(8, 64)
-diffs = []
-with torch.no_grad():
-    for opt in ("default", "parallel"):
-        diffs.append((torchtosa.compile(model, x, opt=opt)(x) - model(x)).abs().max().item())
-print(json.dumps({"cached": [run.native.cached for _, run in CACHE.entries.values()], "diffs": diffs}))
-"""
+from torchtosa.execute import disk_cache
 
 
-def _compile(folder: Path, env: dict[str, str]) -> dict:
-    """Compile the model at opt "default" and "parallel" in a new process using the cache `folder`."""
-    env = {**env, "TORCHTOSA_CACHE": "1", "TORCHTOSA_CACHE_DIR": str(folder), "TORCHTOSA_PROGRESS": "0"}
-    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def _compile_all(model: torch.nn.Module, x: torch.Tensor) -> tuple[list[bool], list[torch.Tensor]]:
+    """Compile at opt "default" and "parallel" as a new process would (no in-memory cache): whether
+    each native function came from the disk cache, and the results."""
+    CACHE.clear()
+    results = []
+    with torch.no_grad():
+        for opt in ("default", "parallel"):
+            results.append(torchtosa.compile(model, x, opt=opt)(x))
+    cached = [run.native.cached for _, run in CACHE.entries.values()]
+    CACHE.clear()
+    return cached, results
 
 
-def test_second_process_loads_the_library(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
-    """Each opt level its own entry; the second process loads both; a damaged cache is rebuilt."""
-    first = _compile(tmp_path, subprocess_env)
-    second = _compile(tmp_path, subprocess_env)
-    assert first["cached"] == [False, False] and second["cached"] == [True, True]
-    assert max(first["diffs"]) < 1e-5 and second["diffs"] == first["diffs"]
+def test_a_compile_in_the_cache_loads_the_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(disk_cache.ENV_SWITCH, "1")
+    monkeypatch.setenv(disk_cache.ENV_DIR, str(tmp_path))
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.LayerNorm(128),
+                                torch.nn.Linear(128, 10)).eval()
+    x = torch.randn(8, 64)
+    with torch.no_grad():
+        want = model(x)
+    first, results = _compile_all(model, x)
+    second, again = _compile_all(model, x)
+    assert first == [False, False] and second == [True, True]  # each opt level its own entry
+    for got in (*results, *again):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert len(list(tmp_path.glob("*.so"))) == len(list(tmp_path.glob("*.json"))) == 2
     assert all(json.loads(p.read_text())["scratch"] for p in tmp_path.glob("*.json"))  # the arena each call needs
     for library in tmp_path.glob("*.so"):
         library.unlink()
-    again = _compile(tmp_path, subprocess_env)
-    assert again["cached"] == [False, False] and again["diffs"] == first["diffs"]
+    rebuilt, results = _compile_all(model, x)
+    assert rebuilt == [False, False]
+    for got in results:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_off_means_the_jit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(disk_cache.ENV_SWITCH, "0")
+    monkeypatch.delenv("TORCHTOSA_CPU", raising=False)  # the host's entry: the JIT's (another is llc's)
+    assert disk_cache.folder() is None
+    x = torch.randn(4, 8)
+    CACHE.clear()
+    torch.testing.assert_close(torchtosa.compile(torch.tanh, x)(x), torch.tanh(x))
+    assert [run.native.cached for _, run in CACHE.entries.values()] == [False]
+    assert all(hasattr(run.native, "_engine") for _, run in CACHE.entries.values())

