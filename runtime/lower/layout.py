@@ -18,11 +18,16 @@ layouts, stays outside); at the region's edges a value read in another layout is
 (of a constant: a new constant; of a transpose: one transpose of their composition, none if they
 cancel), and a value written for an op outside is transposed back. The region is rewritten only
 if that leaves the function with fewer transposes (then fewer transposed elements, then fewer
-reshapes: a transpose that moves only axes of size 1 is a reshape), so the function never gets
-worse, and regions are tried until none improves it. A CNN then runs NHWC from its input's
-transpose to its output's (none for a 1x1 output), in the TOSA `to_tosa` writes for a target
-(what an NPU compiler reads) and in the native pipeline (opt="default"/"parallel") alike. Every
-rewrite moves values exactly: the same ops on the same values, in another order in memory.
+reshapes: a transpose that moves only axes of size 1 is a reshape), and regions are tried until
+none improves it. The function's count is taken again after each rewrite, and the search stops
+at one that did not lower it (the region's estimate missed something): without that, regions
+whose estimate and outcome differ were rewritten back and forth until the round limit. A
+region grows through the other readers of a value only where one of its ops computes it: a
+constant or a transpose read by many ops does not tie them into one region (a frozen float
+MobileNetV2 grew regions of 481 ops so). A CNN then runs NHWC from its input's transpose to its
+output's (none for a 1x1 output), in the TOSA `to_tosa` writes for a target (what an NPU
+compiler reads) and in the native pipeline (opt="default"/"parallel") alike. Every rewrite moves
+values exactly: the same ops on the same values, in another order in memory.
 
 `fold_layout` (also run by itself on flatbuffers: `artifacts/tosa_files.py`) composes transposes
 and reshapes, folds them into constants, and drops the ones that change nothing.
@@ -54,10 +59,25 @@ def optimize_layout(module: ir.Module) -> None:
                 continue
             block = func.regions[0].blocks[0]
             fold_layout(block)
+            cost = _cost(block)
             for _ in range(ROUNDS * len(block.operations)):
-                if not (_sink_reshape(block) or _improve(block)):
+                if _sink_reshape(block):
+                    fold_layout(block)
+                    cost = _cost(block)
+                    continue
+                if not _improve(block):
                     break
                 fold_layout(block)
+                cost, before = _cost(block), cost
+                if cost >= before:  # the region's estimate missed something: stop here (exact either way)
+                    break
+
+
+def _cost(block: ir.Block) -> Cost:
+    """The block's transposes, their elements, and its reshapes."""
+    transposes = [_shape(op.operands[0]) for op in block.operations if op.operation.name == "tosa.transpose"]
+    return (len(transposes), sum(math.prod(s or [0]) for s in transposes),
+            sum(op.operation.name == "tosa.reshape" for op in block.operations))
 
 
 # ---------------------------------------------------------------- permutations
@@ -424,12 +444,15 @@ def _grow(seed: ir.Value, perm: Perm) -> _Region:
     while queue:
         value = queue.pop()
         perm = region.perms[value]
+        if _identity(perm):
+            continue  # its ops would stay as they are
         candidates: list[tuple[ir.Operation, int]] = []
         producer = _producer(value)
         if producer is not None and _entry(producer) is not None:
             candidates.append((producer, -1))
-        for use in value.uses:
-            user = use.owner.operation if isinstance(use.owner, ir.OpView) else use.owner
+        # the other readers of a value computed outside (a constant, a transpose) read it as they do
+        for use in value.uses if value == seed or region.produced(value) else ():
+            user = _owner(use)
             entry = _entry(user)
             if entry is not None and use.operand_number in _follow(user, entry):
                 candidates.append((user, use.operand_number))
