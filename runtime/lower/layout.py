@@ -259,8 +259,8 @@ def fold_layout(block: ir.Block) -> None:
         elif producer is not None and producer.name == "tosa.const":
             folded = _moved(producer.attributes["values"], ir.RankedTensorType(result.type),
                             perms if name == "tosa.transpose" else None)
-            if folded is not None:
-                with ir.InsertionPoint(op), op.location:
+            if folded is not None:  # named as the constant it moves (a parameter's module path)
+                with ir.InsertionPoint(op), producer.location:
                     const = ir.Operation.create("tosa.const", results=[result.type], attributes={"values": folded})
                 result.replace_all_uses_with(const.result)
         elif name == "tosa.transpose" and moves_units_only(_shape(source), perms):
