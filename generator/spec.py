@@ -78,7 +78,15 @@ CATALOGUE_KEYS = {
     "requires": "list of {rule: message} the lowering must satisfy",
     "shape": "result shape rule",
     "dtype": "result dtype rule",
+    "layout": "how the op maps under a permutation of its tensors' axes: elementwise, reshape, or a mapping of "
+              + ", ".join(f"{k} ({v})" for k, v in {
+                  "follow": "the tensor operands laid out as the result; default all",
+                  "axis": "an i32 attribute naming an axis",
+                  "per_axis": "{operand: its values for a size-1 axis the op leaves alone} of !tosa.shape "
+                              "operands holding values per axis",
+                  "channels": "a bool attribute under which the last axis must stay last"}.items()),
 }
+LAYOUT_KEYS = ("follow", "axis", "per_axis", "channels")
 
 
 @dataclass
@@ -90,6 +98,25 @@ class TosaAttr:
     @property
     def py(self) -> str:
         return py_name(self.name)
+
+
+@dataclass
+class TosaLayout:
+    """How an op maps under a permutation of its tensors' axes (the layout optimizer's table).
+
+    `kind` "elementwise": the result and the `follow` operands (MLIR operand indices; None: all)
+    share one layout; an `axis` attribute names an axis, each `per_axis` operand (index, neutral)
+    is a !tosa.shape of len(neutral) values per axis, `neutral` those of a size-1 axis the op
+    leaves alone; with the bool attribute `channels` true, the last axis carries per-element
+    parameters and stays last. `kind` "reshape": the axes it merges or splits move together.
+    """
+
+    kind: str
+    follow: tuple[int, ...] | None = None
+    axis: str | None = None
+    per_axis: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    channels: str | None = None
+    where: str = ""
 
 
 @dataclass
@@ -109,6 +136,7 @@ class TosaOp:
     requires: list[tuple[str, str, Located]]
     shape: str
     dtype: str
+    layout: TosaLayout | None = None
 
     @property
     def fn(self) -> str:
@@ -185,8 +213,65 @@ def load_catalogue(path: Path) -> dict[str, TosaOp]:
             attrs=attrs, params=params,
             broadcast=bool(entry.get("broadcast", False)), i1=i1, requires=requires,
             shape=compile_expr(_rule(entry["shape"], "shape", name), scope),
-            dtype=compile_expr(_rule(entry["dtype"], "dtype", name), scope))
+            dtype=compile_expr(_rule(entry["dtype"], "dtype", name), scope),
+            layout=_layout(entry["layout"], name, _key(entry, "layout", name), declared, attrs)
+            if "layout" in entry else None)
     return ops
+
+
+def _layout(spec: Any, name: Located, key: Located, declared: list[Located], attrs: list[TosaAttr]) -> TosaLayout:
+    """A catalogue op's `layout` (at `key`), its operand and attribute names checked and resolved
+    to MLIR operand indices."""
+    at = _where(spec, key)
+    if not name.startswith("tosa."):
+        raise at.error(f"layout is for TOSA ops, not {name}")
+    if spec in ("elementwise", "reshape"):
+        spec = {} if spec == "elementwise" else spec
+    if spec == "reshape":
+        if [str(d) for d in declared if "=" not in d] != ["input1"]:
+            raise at.error("a reshape layout is for an op of one tensor operand")
+        return TosaLayout("reshape", follow=(0,), where=at.where)
+    _expect(spec, dict, "layout (elementwise, reshape or a mapping)", at)
+    for key in spec:
+        if key not in LAYOUT_KEYS:
+            raise _where(key, at).error(f"unknown layout key {key!r}; layout keys: {', '.join(LAYOUT_KEYS)}")
+    operands = [str(d).split("=")[0].strip().lstrip("*") for d in declared]
+    variadic = any(str(d).startswith("*") for d in declared)
+
+    def index(operand: Any, what: str) -> int:
+        operand = _expect(operand, str, what, at)
+        if str(operand) not in operands:
+            raise _where(operand, at).error(
+                f"{what} {str(operand)!r} is not an operand of {name} ({', '.join(operands)})")
+        return operands.index(str(operand))
+
+    def attribute(attr: Any, kind: str, what: str) -> str:
+        attr = _expect(attr, str, what, at)
+        found = next((a for a in attrs if a.name == str(attr)), None)
+        if found is None or found.kind != kind:
+            raise _where(attr, at).error(f"{what} {str(attr)!r} must be a {kind} attribute of {name}")
+        return str(attr)
+
+    follow = None
+    if "follow" in spec:
+        follow = tuple(index(o, "a followed operand") for o in _expect(spec["follow"], list, "follow", at))
+        if any("=" in str(declared[i]) for i in follow):
+            raise at.error("follow names tensor operands the emit line passes, not implicit ones")
+    elif not variadic:
+        follow = tuple(i for i, d in enumerate(declared) if "=" not in str(d))
+    per_axis = []
+    for operand, neutral in _expect(spec.get("per_axis", {}), dict, "per_axis", at).items():
+        i = index(operand, "a per-axis operand")
+        if "const_shape(" not in str(declared[i]) or not isinstance(neutral, list) or not neutral \
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in neutral):
+            raise _where(operand, at).error("per_axis maps a const_shape operand to its values for an axis of "
+                                            "size 1 the op leaves alone, e.g. [0, 0]")
+        per_axis.append((i, tuple(int(v) for v in neutral)))
+    return TosaLayout("elementwise", follow=follow,
+                      axis=attribute(spec["axis"], "i32", "the axis attribute") if "axis" in spec else None,
+                      per_axis=tuple(per_axis),
+                      channels=attribute(spec["channels"], "bool", "the channels attribute") if "channels" in spec
+                      else None, where=at.where)
 
 
 def _rule_map_list(value: Any, at: Located) -> list[tuple[Located, Located]]:

@@ -34,6 +34,9 @@ from .execute.native import NativeFunction
 from .importer.graph import Program, import_graph
 from .importer.target import Target
 from .internal import blame, internal_error, is_internal
+from .lower.layout import optimize_layout
+from .lower.linear_conv import linears_as_convolutions
+from .lower.pad_conv import pads_into_convolutions
 from .options import MIN_REGION_OPS, Options
 from .quant.passes.edges import integer_edges
 from .quant.passes.patterns import rewrite_groups
@@ -123,7 +126,7 @@ CACHE = _Cache()
 
 
 def to_tosa(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args: Any,
-            target: str | Target | None = "auto", freeze: bool = False, **kwargs: Any) -> Program:
+            target: str | Target | None = "auto", freeze: bool = False, npu: bool = False, **kwargs: Any) -> Program:
     """The TOSA module of a function, module or ExportedProgram for these example inputs.
 
     `print(prog)` shows the MLIR; `prog.module` is the `mlir.ir.Module`. Strict: an op that
@@ -142,6 +145,14 @@ def to_tosa(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
     (`prog.groups`). For a target without FP ("TOSA-1.0+INT") its float input quantizes and
     output dequantizes are left to the caller: the program takes and returns the int8 values,
     and `prog.input_quantization` / `prog.output_quantization` say how they encode floats.
+
+    For a target, the layout is decided for the whole graph (a CNN runs NHWC from its input's
+    transpose to its end: `lower/layout.py`). `npu=True` shapes the TOSA for an NPU compiler such
+    as Arm's Vela (which `torchtosa.vela.compile` and `torchtosa export --vela` ask for): integer
+    linear layers (a matmul of a constant weight, plus its bias) become 1x1 CONV2Ds, whose weights
+    Vela encodes and streams (`lower/linear_conv.py`), and explicit zero-point pads before integer
+    convolutions the convolutions' own padding (`lower/pad_conv.py`). Either way the results are
+    the same bits.
     """
     captured = _capture(fn, args, kwargs)
     gm = freeze_graph(captured) if freeze else captured.gm
@@ -155,11 +166,23 @@ def to_tosa(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
     if freeze or target is not None:
         fold_constants(gm)
     program = import_graph(gm, aim=aim) if target != "auto" else _most_conformant(gm)
+    if npu:
+        for_npu(program)
     program.groups = groups
     if edges is not None:
         program.input_quantization = [edges[0][i] for i in program.arguments]
         program.output_quantization = edges[1]
     return program
+
+
+def for_npu(program: Program) -> None:
+    """Rewrite `program` in place for an NPU compiler: its integer linear layers as 1x1
+    convolutions and the explicit pads of its integer convolutions as their padding, the layout
+    decided again around them; validated again for its target."""
+    if pads_into_convolutions(program.module) + linears_as_convolutions(program.module):
+        optimize_layout(program.module)
+        if program.target is not None:
+            program.target.validate(program.module)
 
 
 def _most_conformant(gm: torch.fx.GraphModule) -> Program:

@@ -113,7 +113,8 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--cpu", help="the entry of the CPU table (opdefs/cpus.yaml) to compile for (llvm, so): "
                         "default $TORCHTOSA_CPU or this machine's; aarch64 ones cross-compile")
     export.add_argument("--vela", nargs="?", const=vela.ACCELERATOR, metavar="ACCELERATOR",
-                        help="with --emit tosa: compile the file with Arm's Vela (`make vela`) for ACCELERATOR "
+                        help="with --emit tosa: write it for an NPU (to_tosa(npu=True): linear layers as 1x1 "
+                        "convolutions), compile the file with Arm's Vela (`make vela`) for ACCELERATOR "
                         f"(default {vela.ACCELERATOR}) and print its estimate")
     export.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     export.add_argument("--verbose", action="store_true", help="tracebacks on errors")
@@ -146,7 +147,8 @@ def _export(args: argparse.Namespace) -> int:
     generator = torch.Generator().manual_seed(args.seed)
     tensors = tuple(make_input(spec, generator) for spec in inputs)
     progress = Progress()
-    options = {k: v for k, v in (("target", args.target), ("freeze", args.freeze or None)) if v is not None}
+    options = {k: v for k, v in (("target", args.target), ("freeze", args.freeze or None),
+                                 ("npu", bool(args.vela) or None)) if v is not None}
 
     if not exported:
         try:

@@ -45,7 +45,7 @@ with warnings.catch_warnings():
     )
     from torchao.quantization.pt2e.quantizer.utils import QuantizationConfig, get_module_name_filter
 
-__all__ = ["FUSED", "OPS", "TosaQuantizer", "get_tosa_quantization_config", "quantize"]
+__all__ = ["FUSED", "OPS", "TosaQuantizer", "decompose_attention", "get_tosa_quantization_config", "quantize"]
 
 aten = torch.ops.aten
 _KEY = "quantization_annotation"
@@ -183,6 +183,68 @@ ANNOTATORS: dict[str, Callable[[fx.Node, QuantizationConfig], None]] = {
     "cat": _cat}
 
 
+def _all_true(mask: object) -> bool:
+    """Whether an attention mask is none, or a boolean one computed from constants alone with
+    every element True (what transformers builds, exported, for attention without padding:
+    arange >= 0, expanded)."""
+    if mask is None:
+        return True
+    values: dict[fx.Node, object] = {}
+
+    def value(a: object) -> object:
+        if not isinstance(a, fx.Node):
+            return a
+        if a not in values:
+            if a.op != "call_function" or not isinstance(a.target, torch._ops.OpOverload):
+                raise LookupError(a.name)  # an input, parameter or buffer: not a constant
+            values[a] = a.target(*fx.node.map_aggregate(a.args, value), **fx.node.map_aggregate(a.kwargs, value))
+        return values[a]
+
+    try:
+        mask = value(mask)
+    except LookupError:
+        return False
+    return isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and bool(mask.all())
+
+
+def decompose_attention(gm: fx.GraphModule) -> fx.GraphModule:
+    """Each `scaled_dot_product_attention` without dropout, causal mask or grouped heads,
+    unmasked (or masked by a constant all-True mask), becomes transformers' eager attention:
+    q @ k^T * scale, softmax over the last dim, @ v. The quantizer then annotates its matmuls,
+    scale and softmax, where it would leave the one op float. In place; returns `gm`."""
+    sdpa = aten.scaled_dot_product_attention.default
+    names = [a.name for a in sdpa._schema.arguments]
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target != sdpa:
+            continue
+        args = dict(zip(names, node.args, strict=False)) | dict(node.kwargs)
+        q, k, v = args["query"], args["key"], args["value"]
+        size = q.meta["val"].shape[-1] if "val" in q.meta else None
+        if args.get("dropout_p") or args.get("is_causal") or args.get("enable_gqa") or not isinstance(size, int) \
+                or not _all_true(args.get("attn_mask")):
+            continue
+        scale = args.get("scale") or size ** -0.5
+
+        def call(target: torch._ops.OpOverload, *operands: object, node: fx.Node = node) -> fx.Node:
+            new = gm.graph.call_function(target, operands)
+            new.meta = {key: node.meta[key] for key in ("stack_trace", "nn_module_stack", "source_fn_stack")
+                        if key in node.meta}
+            new.meta["val"] = target(*fx.node.map_arg(operands, lambda a: a.meta["val"]))
+            return new
+
+        with gm.graph.inserting_before(node):
+            scores = call(aten.mul.Tensor, call(aten.matmul.default, q, call(aten.transpose.int, k, -2, -1)), scale)
+            out = call(aten.matmul.default, call(aten.softmax.int, scores, -1), v)
+        node.replace_all_uses_with(out)
+        gm.graph.erase_node(node)
+        changed = True
+    if changed:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return gm
+
+
 class TosaQuantizer(Quantizer):
     """Annotates a `torch.export(...).module()` graph for TOSA's integer profile (see module
     docstring). A config is looked up by module name (`set_module_name`), then by operator
@@ -216,6 +278,10 @@ class TosaQuantizer(Quantizer):
             if get_module_name_filter(name)(node):
                 return config
         return self.operator_type_config.get(node.target, self.global_config)
+
+    def transform_for_annotation(self, model: fx.GraphModule) -> fx.GraphModule:
+        """Attention as the ops `OPS` annotates (`decompose_attention`)."""
+        return decompose_attention(model)
 
     def annotate(self, model: fx.GraphModule) -> fx.GraphModule:
         """Annotate each op of `OPS` in graph order (a fused activation or a shared op after

@@ -15,6 +15,7 @@ on the CPU it prints (`--show-cpu-operations`).
 from __future__ import annotations
 
 import csv
+import dataclasses
 import os
 import re
 import shlex
@@ -111,7 +112,8 @@ def executable() -> Path:
 
 def compile(network: Program | str | os.PathLike[str], *, accelerator: str = ACCELERATOR,
             output_dir: str | os.PathLike[str] | None = None, system_config: str | None = None,
-            memory_mode: str | None = None, options: Sequence[str] = (), timeout: float = TIMEOUT) -> VelaReport:
+            memory_mode: str | None = None, options: Sequence[str] = (), timeout: float = TIMEOUT,
+            npu: bool = True) -> VelaReport:
     """Compile `network` (a Program, saved as a TOSA flatbuffer named after it, or a `.tosa`
     file) with Vela for `accelerator` (`--accelerator-config`), and read its report.
 
@@ -120,6 +122,9 @@ def compile(network: Program | str | os.PathLike[str], *, accelerator: str = ACC
     `memory_mode` are sections of Vela's `Arm/vela.ini` ("Ethos_U85_SYS_Flash_High",
     "Shared_Sram"; Vela's defaults for the accelerator if both are None: for Ethos-U85
     Ethos_U85_SYS_DRAM_Mid, Dedicated_Sram_384KB); `options` are more arguments for Vela.
+    With `npu` (the default) a Program is compiled as `to_tosa(..., npu=True)` would have made it
+    (a copy, its integer linear layers as 1x1 convolutions, whose weights Vela encodes: the same
+    results); a `.tosa` file is compiled as it is.
     VelaError if Vela is missing, fails or rejects the network (its message and `.ops`, the ops
     it could not place)."""
     program = executable()
@@ -132,7 +137,7 @@ def compile(network: Program | str | os.PathLike[str], *, accelerator: str = ACC
             source = Path(network)
         else:
             source = out / f"{network.name}.tosa"
-            network.save(source)
+            (_for_npu(network) if npu else network).save(source)
         command = [str(program), str(source), "--accelerator-config", accelerator, "--output-dir", str(out),
                    "--show-cpu-operations"]
         if system_config or memory_mode:  # Vela takes them from a config file, and then needs both
@@ -149,6 +154,16 @@ def compile(network: Program | str | os.PathLike[str], *, accelerator: str = ACC
         compiled = out / f"{source.stem}_vela.tflite"
         return report(summaries[0], done.stdout,
                       compiled if output_dir is not None and compiled.is_file() else None)
+
+
+def _for_npu(program: Program) -> Program:
+    """A copy of `program` rewritten for an NPU (`api.for_npu`)."""
+    from .api import for_npu
+
+    with program.context:
+        copy = dataclasses.replace(program, module=program.module.operation.clone())
+    for_npu(copy)
+    return copy
 
 
 def _default(accelerator: str, kind: str) -> str:

@@ -3,9 +3,11 @@
 The models of tests/test_int8_models.py (the MLP, LeNet with batch norm, transformers' ResNet
 and MobileNetV2, their builders imported from the tests) and a stack of four convs are
 quantized with torchtosa's TosaQuantizer (`torchtosa.quantizer.quantize`: PT2E, calibrated on 4
-seeded random batches), lowered with `to_tosa(ep, target="TOSA-1.0+INT", freeze=True)` (int8 in,
-int8 out: the float input quantize and output dequantize are stripped by to_tosa) and compiled
-by Vela (`torchtosa.vela.compile`) for each accelerator and system configuration of `CONFIGS`.
+seeded random batches), lowered with `to_tosa(ep, target="TOSA-1.0+INT", freeze=True, npu=True)`
+(int8 in, int8 out: the float input quantize and output dequantize are stripped by to_tosa;
+linear layers as 1x1 convolutions), its TOSA ops and transposes counted in the flatbuffer, and
+compiled by Vela (`torchtosa.vela.compile`) for each accelerator and system configuration of
+`CONFIGS`.
 The rows between the markers of docs/vela.md are replaced (`--check`: exit 1 if they would
 change; `--print`: print them only).
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import warnings
 from collections import Counter
 from collections.abc import Callable
@@ -77,11 +80,24 @@ def models(t8: ModuleType) -> dict[str, tuple[Callable[[], nn.Module], tuple[int
 
 def program_of(t8: ModuleType, build: Callable[[], nn.Module], shape: tuple[int, ...]) -> torchtosa.Program:
     """The model (`randomize`d: PyTorch's seeded default initialization, random batch norm
-    statistics) quantized with TosaQuantizer on seeded random calibration, as `TOSA-1.0+INT`."""
+    statistics) quantized with TosaQuantizer on seeded random calibration, as `TOSA-1.0+INT` for
+    an NPU."""
     model = t8.randomize(build())
     torch.manual_seed(0)
     ep = quantize(model, (torch.randn(shape),), [(torch.randn(shape),) for _ in range(CALIBRATION)])
-    return torchtosa.to_tosa(ep, target="TOSA-1.0+INT", freeze=True)
+    return torchtosa.to_tosa(ep, target="TOSA-1.0+INT", freeze=True, npu=True)
+
+
+def tosa_ops(program: torchtosa.Program) -> tuple[int, int]:
+    """The operators of the program's flatbuffer (not its constants) and its transposes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        program.save(Path(tmp) / "model.tosa")
+        loaded = torchtosa.load(Path(tmp) / "model.tosa")
+    with loaded.context:
+        names = [op.operation.name for f in loaded.module.body.operations
+                 for op in f.regions[0].blocks[0].operations]
+    ops = [n for n in names if n.startswith("tosa.") and n not in ("tosa.const", "tosa.const_shape")]
+    return len(ops), ops.count("tosa.transpose")
 
 
 def rows() -> list[str]:
@@ -94,12 +110,14 @@ def rows() -> list[str]:
         if declined:
             raise SystemExit(f"{name}: groups kept the float path: {declined}")
         print(f"{name}: {about}; {len(program.groups)} integer groups", file=sys.stderr)
+        count, transposes = tosa_ops(program)
         for accelerator, system, memory in CONFIGS:
             r = vela.compile(program, accelerator=accelerator, system_config=system, memory_mode=memory)
             kinds = Counter(r.npu_ops)
             ops = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
-            out.append(f"| {name} | {'x'.join(map(str, shape))} | {r.accelerator} | {r.system_config} | "
-                       f"{r.memory_mode} | {len(r.npu_ops)}/{len(r.npu_ops) + len(r.cpu_ops)} ({ops}) | "
+            out.append(f"| {name} | {'x'.join(map(str, shape))} | {count} ({transposes}) | {r.accelerator} | "
+                       f"{r.system_config} | {r.memory_mode} | {len(r.npu_ops)}/{len(r.npu_ops) + len(r.cpu_ops)} "
+                       f"({ops}) | "
                        f"{kinds['Transpose'] + Counter(r.cpu_ops)['Transpose']} | "
                        f"{r.macs:,} | {r.cycles:,} | {r.inference_time * 1e6:.2f} | {r.sram_used:.2f} | "
                        f"{r.dram_used:.2f} | {r.off_chip_flash_used + r.on_chip_flash_used:.2f} | "
@@ -108,9 +126,10 @@ def rows() -> list[str]:
     return out
 
 
-HEADER = ["| model | input | accelerator | system config | memory mode | ops on NPU | transposes | MACs | "
-          "cycles | inference µs | SRAM KiB | DRAM KiB | flash KiB | weights bytes (original / encoded) |",
-          "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+HEADER = ["| model | input | TOSA ops (transposes) | accelerator | system config | memory mode | ops on NPU | "
+          "transposes | MACs | cycles | inference µs | SRAM KiB | DRAM KiB | flash KiB | "
+          "weights bytes (original / encoded) |",
+          "|---|---|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
 
 def main() -> int:

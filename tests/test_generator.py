@@ -377,6 +377,9 @@ def test_catalogue_names_are_checked(opdefs: Path) -> None:
         ("  params: [\"x = __import__('os').system‸('true')\"]\n", "unexpected '('"),
         ("  attrs: {x: ‸float}\n", "unknown attribute kind 'float'"),
         ("  i1: [‸nothing]\n", "i1 names an operand"),
+        ("  layout: {follow: [‸nothing]}\n", "'nothing' is not an operand of tosa.evil"),
+        ("  layout: {‸axes: [0]}\n", "unknown layout key 'axes'"),
+        ("  layout: {axis: ‸nothing}\n", "must be a i32 attribute of tosa.evil"),
     ]:
         line, col = write(tosa, base + op.format(body))
         with pytest.raises(SpecError) as err:

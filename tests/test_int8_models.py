@@ -41,22 +41,32 @@ EXAMPLE = _example()
 
 
 # name -> (builder, input shape, largest difference from PyTorch in quanta, fraction of outputs
-# off (with margin), compiled by Vela). Measured over the test's 4 inputs (4 calibration batches):
-# mlp 13 of 2048 outputs one quantum off, lenet_bn 24 of 320 (its ten logits sum 84 products of
-# the layer before), resnet 2 of 128, mobilenet_v2 50 of 5120; none further.
+# off (with margin), compiled by Vela, transposes left in the TOSA). Measured over the test's 4
+# inputs (4 calibration batches): mlp 13 of 2048 outputs one quantum off, lenet_bn 24 of 320 (its
+# ten logits sum 84 products of the layer before), resnet 2 of 128, mobilenet_v2 50 of 5120; none
+# further. The CNNs run NHWC from their input's transpose on (lower/layout.py): LeNet's 1-channel
+# input needs none (a reshape), and its one transpose is the NHWC -> NCHW of its flatten (which
+# `npu=True` folds into the first linear layer's weight: tests/test_npu.py); the pooled outputs
+# are 1x1 (a reshape).
 MODELS = {
-    "mlp": (MLP, (64, 16), 1, 0.02, False),
-    "lenet_bn": (EXAMPLE.LeNet, (8, 1, 28, 28), 1, 0.15, True),
-    "resnet": (resnet, (1, 3, 32, 32), 1, 0.05, True),
-    "mobilenet_v2": (mobilenet_v2, (1, 3, 32, 32), 1, 0.05, True),
+    "mlp": (MLP, (64, 16), 1, 0.02, False, 0),
+    "lenet_bn": (EXAMPLE.LeNet, (8, 1, 28, 28), 1, 0.15, True, 1),
+    "resnet": (resnet, (1, 3, 32, 32), 1, 0.05, True, 1),
+    "mobilenet_v2": (mobilenet_v2, (1, 3, 32, 32), 1, 0.05, True, 1),
 }
+
+
+def transposes(program: torchtosa.Program) -> int:
+    """The tosa.transpose ops of a program's module."""
+    return str(program.module).count("tosa.transpose")
 
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_int8_model(name: str) -> None:
-    """Every group integer; int8 in and out; native == reference model; within the measured
-    quanta of PyTorch; each group alone within one quantum; the CNNs on the Ethos-U85's NPU."""
-    build, shape, most, fraction, on_npu = MODELS[name]
+    """Every group integer; int8 in and out; NHWC throughout (the transposes counted); native ==
+    reference model; within the measured quanta of PyTorch; each group alone within one quantum;
+    the CNNs on the Ethos-U85's NPU."""
+    build, shape, most, fraction, on_npu, layout = MODELS[name]
     model = randomize(build())
     torch.manual_seed(0)
     ep = quantize(model, (torch.randn(shape),), [(torch.randn(shape),) for _ in range(4)])
@@ -64,6 +74,7 @@ def test_int8_model(name: str) -> None:
     assert str(program.target) == "TOSA-1.0+INT"
     assert program.groups and all(g.path == "integer" for g in program.groups), program.report()
     assert [s.dtype for s in program.inputs + program.outputs] == [torch.int8, torch.int8]
+    assert transposes(program) == layout, program
     (qin,), (qout,) = program.input_quantization, program.output_quantization
     native = NativeFunction(program.module, program.inputs, program.outputs, name=program.name)
     off: collections.Counter = collections.Counter()

@@ -47,8 +47,9 @@ def test_parts_agree_with_eager(name: str, opt: str, monkeypatch: pytest.MonkeyP
     program = torchtosa.to_tosa(model, *inputs, target=None)
     module = _prepare(program.module, "forward", tuple(program.inputs), tuple(program.outputs))
     pipeline.lower(module, opt, stop_before="tosa-to-linalg")
-    parts = [f for f in _functions(module) if f.startswith("forward__part")]
-    assert len(parts) >= 3
+    assert _functions(module)[-1] == "forward"
+    # parts of 8 to 12 ops, or one function called per repeated layer (residual_mlp's blocks)
+    assert sum(op.name == "func.call" for op in module.body.operations[-1].regions[0].blocks[0].operations) >= 3
     api.CACHE.clear()  # compile it partitioned, not reuse what another test compiled
     with torch.no_grad():
         torch.testing.assert_close(torchtosa.compile(model, *inputs, opt=opt)(*inputs), model(*inputs),

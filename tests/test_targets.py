@@ -122,9 +122,9 @@ def test_bf16_needs_its_extension() -> None:
 
 def test_not_conformant_names_the_op_and_source_line() -> None:
     def fn(x: torch.Tensor) -> torch.Tensor:
-        return x.to(torch.int32) + 1  # int32 arithmetic: PRO-INT
+        return x.to(torch.int32) & 3  # bitwise ops: PRO-INT (int32 add and mul are in PRO-FP too)
 
-    with pytest.raises(NotConformant, match=r"TOSA-1.0\+FP:\n.*add.*test_targets.py:\d+.*pro_int"):
+    with pytest.raises(NotConformant, match=r"TOSA-1.0\+FP:\n.*bitwise_and.*test_targets.py:\d+.*pro_int"):
         torchtosa.to_tosa(fn, torch.randn(4), target="TOSA-1.0+FP")
 
 

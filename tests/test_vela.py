@@ -30,10 +30,13 @@ with warnings.catch_warnings():
     pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
 
 # What Vela 5.2.0 places on the NPU (its op kinds, after its own rewrites): the MLP's two
-# matmuls with their i32 bias adds and rescales (Vela adds a transpose per matmul); the conv
-# net's two convs (bias and rescale fused in) and the transposes of its NCHW input and output.
-MODELS = {"mlp": (MLP, (64, 16), {"MatMul": 2, "Add": 2, "Rescale": 2, "Transpose": 2}),
+# linears, compiled for an NPU (vela.compile's npu=True: 1x1 convs, bias and rescale fused in);
+# the conv net's two convs and the transposes of its NCHW input and output.
+MODELS = {"mlp": (MLP, (64, 16), {"Conv2D": 2}),
           "convnet": (ConvNet, (1, 3, 16, 16), {"Conv2D": 2, "Transpose": 2})}
+# the MLP as to_tosa wrote it (npu=False): matmuls with their i32 bias adds and rescales (Vela
+# runs a matmul of two feature maps, adding a transpose to each)
+MATMULS = {"MatMul": 2, "Add": 2, "Rescale": 2, "Transpose": 2}
 QD = torch.ops.quantized_decomposed
 
 
@@ -60,8 +63,11 @@ def test_int8_models_compile_on_the_npu(int8_model: tuple, tmp_path: Path) -> No
     assert report.cycles > 0 and report.npu_cycles > 0 and report.macs > 0
     assert report.inference_time == pytest.approx(report.cycles / 1e9)  # at the default 1 GHz clock
     assert report.sram_used > 0 or report.dram_used > 0
-    if name == "convnet":  # its weights are constants Vela encodes
-        assert report.weights_original > 0 and report.weights_encoded > 0
+    assert report.weights_original > 0 and report.weights_encoded > 0  # constants Vela encodes
+    if name == "mlp":
+        matmuls = vela.compile(program, npu=False)
+        assert Counter(matmuls.npu_ops) == MATMULS and matmuls.weights_encoded == 0
+        assert report.cycles < matmuls.cycles
     assert report.output == tmp_path / f"{program.name}_vela.tflite" and report.output.stat().st_size > 0
     assert list(tmp_path.glob(f"{program.name}_summary_*.csv"))
     assert torchtosa.load(tmp_path / f"{program.name}.tosa").inputs == program.inputs

@@ -24,7 +24,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import sympy
 import torch
 from mlir import ir
@@ -34,6 +33,7 @@ from ..execute.native import TensorSpec
 from ..importer import target
 from ..lower import irutil
 from ..lower.irutil import find_ops
+from ..lower.layout import fold_layout
 from . import tosa_tools
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ def annotated(program: Program, distinct: bool = False) -> str:
         module = target.printable(program.module, program.target)
         fn = _function(module, program.name)
         if distinct:
-            fold_layout(fn)
+            fold_layout(fn.regions[0].blocks[0])
             _distinct_results(fn)
         signature = ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
         for key, names, specs, types in (("arg_attrs", program.input_names, program.inputs, signature.inputs),
@@ -145,87 +145,6 @@ def serialize(program: Program, path: Path) -> None:
         if not out.is_file():
             raise ToolError(f"tosa-opt --tosa-serialize wrote no flatbuffer for {path.name}")
         shutil.move(out, path)
-
-
-# numpy's dtype of each element type whose constants fold_layout moves (not i1: bit-packed; not bf16)
-_NUMPY = {"i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64, "f16": np.float16, "f32": np.float32}
-
-
-def fold_layout(fn: ir.OpView) -> None:
-    """Simplify the layout ops of `fn` in place, exactly (values are only moved, never computed):
-    a `tosa.transpose` or `tosa.reshape` of a `tosa.const` becomes a constant; a transpose of a
-    transpose is one transpose, a reshape of a reshape one reshape; one that keeps the order
-    (identity perms) or the shape is dropped; only ops of a static shape are dropped or folded.
-    Ops left unused are erased.
-
-    TOSA's own folders are not used: MLIR's greedy driver would fold arithmetic too, which is not
-    IEEE-exact (x * 0.0 to 0). Without this an int8 conv's OHWI weight is a transpose of the
-    OIHW constant, which Vela takes for a feature map (the conv becomes many matmuls), and a
-    conv net keeps NHWC -> NCHW -> NHWC transposes between its layers."""
-    block = fn.regions[0].blocks[0]
-    for op in list(block.operations):
-        name = op.operation.name
-        if name not in ("tosa.transpose", "tosa.reshape"):
-            continue
-        source = op.operands[0]
-        producer = _producer(source)
-        if name == "tosa.transpose":
-            perms = list(ir.DenseI32ArrayAttr(op.attributes["perms"]))
-            if producer is not None and producer.name == "tosa.transpose":  # z[i] = y[p[i]] = x[q[p[i]]]
-                inner = list(ir.DenseI32ArrayAttr(producer.attributes["perms"]))
-                perms = [inner[p] for p in perms]
-                op.attributes["perms"] = ir.DenseI32ArrayAttr.get(perms)
-                source = producer.operands[0]
-                op.operands[0] = source
-                producer = _producer(source)
-        elif producer is not None and producer.name == "tosa.reshape":
-            source = producer.operands[0]
-            op.operands[0] = source
-            producer = _producer(source)
-        result = op.results[0]
-        if not ir.ShapedType(result.type).has_static_shape:  # two `?` sizes may swap their values
-            continue
-        if source.type == result.type and (name == "tosa.reshape" or perms == sorted(perms)):
-            result.replace_all_uses_with(source)
-        elif producer is not None and producer.name == "tosa.const":
-            folded = _moved(producer.attributes["values"], result.type,
-                            perms if name == "tosa.transpose" else None)
-            if folded is not None:
-                with ir.InsertionPoint(op):
-                    const = ir.Operation.create("tosa.const", results=[result.type], attributes={"values": folded})
-                result.replace_all_uses_with(const.result)
-    changed = True
-    while changed:  # erase what nothing uses any more (layout ops and constants have no effects)
-        changed = False
-        for op in reversed(list(block.operations)):
-            if op.operation.name in ("tosa.transpose", "tosa.reshape", "tosa.const", "tosa.const_shape") \
-                    and all(not list(r.uses) for r in op.results):
-                op.erase()
-                changed = True
-
-
-def _producer(value: ir.Value) -> ir.Operation | None:
-    """The op whose result `value` is; None for a block argument."""
-    owner = value.owner
-    return owner.operation if isinstance(owner, ir.OpView) else owner if isinstance(owner, ir.Operation) else None
-
-
-def _moved(attr: ir.Attribute, result: ir.RankedTensorType, perms: list[int] | None) -> ir.DenseElementsAttr | None:
-    """The constant `attr` transposed by `perms` (None: reshaped) to type `result`; None if it
-    is not a dense elements attribute (a `dense_resource`) or its element type is one
-    fold_layout leaves alone."""
-    try:
-        values = ir.DenseElementsAttr(attr)
-    except ValueError:
-        return None
-    if values.is_splat:
-        return ir.DenseElementsAttr.get_splat(result, values.get_splat_value())
-    dtype = _NUMPY.get(str(result.element_type))
-    if dtype is None:
-        return None
-    array = np.array(values, copy=False).astype(dtype, copy=False)
-    array = array.transpose(perms) if perms is not None else array.reshape(list(result.shape))
-    return ir.DenseElementsAttr.get(np.ascontiguousarray(array), type=result.element_type, shape=list(result.shape))
 
 
 def _distinct_results(fn: ir.OpView) -> None:

@@ -23,6 +23,7 @@ from ..errors import InvalidInput, LoweringError, TorchTosaError, Unsupported
 from ..execute.native import TensorSpec
 from ..internal import internal_error
 from ..lower import irutil
+from ..lower.layout import optimize_layout
 from . import target
 from .registry import registry
 from .support import is_size, schema_arguments, used_results
@@ -376,12 +377,14 @@ def _ranges(specs: list[TensorSpec], placeholders: list[torch.fx.Node]) -> dict[
 
 def import_graph(gm: torch.fx.GraphModule, name: str = "forward", aim: Target | None = None) -> Program:
     """Translate an aten-level FX graph (with node.meta["val"]) into a TOSA module; for a TOSA
-    target `aim`, one that conforms to it (else NotConformant or Unsupported naming the op)."""
+    target `aim`, one that conforms to it (else NotConformant or Unsupported naming the op),
+    its layout decided for the whole graph (`lower.layout.optimize_layout`)."""
     if aim is None:
         return Importer(gm, name).run()
     _check_for_target(gm, aim)
     with target.using(aim):
         program = Importer(gm, name).run()
+    optimize_layout(program.module)  # NHWC from a CNN's input transpose to its end (lower/layout.py)
     aim.validate(program.module)
     program.target = aim
     return program

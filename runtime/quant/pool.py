@@ -1,6 +1,6 @@
 """Quantized pooling and shape ops: one call for a dequantize -> op -> quantize group of a PT2E
 graph whose op moves, picks or averages values without weights (max_pool2d, avg_pool2d, mean
-over H and W, view, permute, squeeze, unsqueeze, slice, constant_pad_nd).
+over H and W, view, permute, squeeze, unsqueeze, slice, select, constant_pad_nd).
 
 Each op computes what its group computes in PyTorch: dequantize the int8 input (per tensor),
 the float op, quantize (per tensor). Their lowerings (opdefs/quantize_pool.yaml) run the op on
@@ -84,6 +84,13 @@ def qslice(input: torch.Tensor, input_scale: float, input_zero_point: int, dim: 
            end: int | None, step: int, output_scale: float, output_zero_point: int, quant_min: int,
            quant_max: int) -> torch.Tensor:
     y = A.slice.Tensor(dequantize(input, input_scale, input_zero_point), dim, start, end, step).contiguous()
+    return quantize(y, output_scale, output_zero_point, quant_min, quant_max)
+
+
+@group_op(f"qselect({_IN}, int dim, int index, {_OUT}) -> Tensor")
+def qselect(input: torch.Tensor, input_scale: float, input_zero_point: int, dim: int, index: int,
+            output_scale: float, output_zero_point: int, quant_min: int, quant_max: int) -> torch.Tensor:
+    y = A.select.int(dequantize(input, input_scale, input_zero_point), dim, index).contiguous()
     return quantize(y, output_scale, output_zero_point, quant_min, quant_max)
 
 
