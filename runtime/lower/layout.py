@@ -35,13 +35,22 @@ and reshapes, folds them into constants, and drops the ones that change nothing.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 from mlir import ir
 
-from .._generated.catalogue import LAYOUT
+
+@functools.cache
+def _table() -> dict:
+    """The generated LAYOUT table (imported when first used: `make gen` imports torchtosa
+    before it has written runtime/_generated)."""
+    from .._generated.catalogue import LAYOUT
+
+    return LAYOUT
+
 
 Perm = tuple[int, ...]
 Cost = tuple[int, int, int]  # transposes, their elements, reshapes
@@ -206,7 +215,7 @@ def _follow(op: ir.Operation, entry: dict) -> tuple[int, ...]:
 
 def _entry(op: ir.Operation) -> dict | None:
     """The layout entry of `op` if it may move into a region: one result, of a static shape."""
-    entry = LAYOUT.get(op.name)
+    entry = _table().get(op.name)
     if entry is None or len(op.results) != 1 or _shape(op.results[0]) is None:
         return None
     return entry
@@ -411,7 +420,7 @@ class _Region:
     def inside(self, use: ir.OpOperand) -> bool:
         """A use that reads its value in the region's layout: a followed operand of a region op."""
         owner = use.owner.operation if isinstance(use.owner, ir.OpView) else use.owner
-        return owner in self.members and use.operand_number in _follow(owner, LAYOUT[owner.name])
+        return owner in self.members and use.operand_number in _follow(owner, _table()[owner.name])
 
 
 def _implied(op: ir.Operation, entry: dict, at: int, perm: Perm) -> dict[int, Perm] | None:
@@ -459,7 +468,7 @@ def _grow(seed: ir.Value, perm: Perm) -> _Region:
         for op, at in candidates:
             if op in region.members:
                 continue
-            implied = _implied(op, LAYOUT[op.name], at, perm)
+            implied = _implied(op, _table()[op.name], at, perm)
             if implied is None:
                 continue
             values = {(op.results[0] if k == -1 else op.operands[k]): p for k, p in implied.items()}
@@ -574,7 +583,7 @@ def _rewrite(region: _Region) -> None:
         return reads[key]
 
     for op in ops:
-        entry = LAYOUT[op.name]
+        entry = _table()[op.name]
         follow = _follow(op, entry)
         result = op.results[0]
         perm = region.perms[result]
