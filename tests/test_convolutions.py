@@ -18,8 +18,8 @@ from torch import nn
 
 import torchtosa
 from torchtosa.lower import partition
-from torchtosa.lower.layout import optimize_layout
 from torchtosa.lower.schedule import _lanes_divisor, plans
+from torchtosa.lower.sink import sink_transposes
 
 
 def _ops(fn: Any, *args: torch.Tensor, stop_before: str = "bufferize") -> list[str]:
@@ -99,7 +99,7 @@ def test_consecutive_convolutions_stay_nhwc() -> None:
     module = torchtosa.to_tosa(model, torch.randn(1, 8, 12, 12), target=None).module
     assert _activation_transposes(module, 1, 16) == 6  # in and out of each of the three convolutions
     with module.context:
-        optimize_layout(module)
+        sink_transposes(module)
     module.operation.verify()
     assert _activation_transposes(module, 1, 16) == 2
 
@@ -140,7 +140,7 @@ def test_explicit_pads_stay_channels_last() -> None:
     module = torchtosa.to_tosa(model, x, target=None).module
     before = _activation_transposes(module, 2, 24)
     with module.context:
-        optimize_layout(module)
+        sink_transposes(module)
     module.operation.verify()
     assert before == 6 and _activation_transposes(module, 2, 24) == 2
     assert "tensor.pad" not in _ops(model, x)

@@ -39,9 +39,9 @@ from . import vnni
 from .convolutions import rewrite_convolutions
 from .float_int8 import fast_int8_contractions
 from .irutil import find_ops, is_sub_byte, run_passes, top_level
-from .layout import optimize_layout
 from .partition import partition
 from .schedule import schedule
+from .sink import sink_transposes
 from .static_args import constant_fields, private_arg_types, unoptimized_glue
 from .zero_points import separate_zero_points
 
@@ -157,7 +157,7 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
     try:
         if opt != "none":
             progress.stage("partition")
-            optimize_layout(module)  # consecutive convolutions stay NHWC, across part boundaries too
+            sink_transposes(module)  # consecutive convolutions stay NHWC, across part boundaries too
             partition(module)
             done("partition")
         for stage, pipeline in PIPELINES.items():
