@@ -38,12 +38,18 @@ def test_linear_layers_become_convolutions() -> None:
         assert ops(plain, "tosa.matmul") == 3 and transposes(plain) == flatten
         assert ops(npu, "tosa.matmul") == 0 and ops(npu, "tosa.conv2d") == convs and transposes(npu) == 0
         assert str(npu.target) == "TOSA-1.0+INT"
-        (qin,) = npu.input_quantization
-        native = NativeFunction(npu.module, npu.inputs, npu.outputs, name=npu.name)
-        torch.manual_seed(1)
-        x = qin.quantize(torch.randn(shape))
-        (want,), (got,), (fast,) = plain.reference(x), npu.reference(x), native(x)
-        assert torch.equal(got, want) and torch.equal(fast, got)
+        _assert_same_bits(plain, npu, shape)
+
+
+def _assert_same_bits(plain: torchtosa.Program, npu: torchtosa.Program, shape: tuple[int, ...]) -> None:
+    """The npu=True program gives the plain one's bits on the reference model, and native code
+    gives them too, for a random input of `shape`."""
+    (qin,) = npu.input_quantization
+    native = NativeFunction(npu.module, npu.inputs, npu.outputs, name=npu.name)
+    torch.manual_seed(1)
+    x = qin.quantize(torch.randn(shape))
+    (want,), (got,), (fast,) = plain.reference(x), npu.reference(x), native(x)
+    assert torch.equal(got, want) and torch.equal(fast, got)
 
 
 class TfPadded(nn.Module):
@@ -72,12 +78,7 @@ def test_pads_become_convolution_padding() -> None:
     plain = torchtosa.to_tosa(ep, target="TOSA-1.0+INT", freeze=True)
     npu = torchtosa.to_tosa(ep, target="TOSA-1.0+INT", freeze=True, npu=True)
     assert ops(plain, "tosa.pad") == 3 and ops(npu, "tosa.pad") == 0 and transposes(npu) == 2
-    (qin,) = npu.input_quantization
-    native = NativeFunction(npu.module, npu.inputs, npu.outputs, name=npu.name)
-    torch.manual_seed(1)
-    x = qin.quantize(torch.randn(shape))
-    (want,), (got,), (fast,) = plain.reference(x), npu.reference(x), native(x)
-    assert torch.equal(got, want) and torch.equal(fast, got)
+    _assert_same_bits(plain, npu, shape)
 
 
 class Residual(nn.Module):

@@ -52,7 +52,7 @@ _DEPTHWISE_M = "linalg.depthwise_conv_2d_nhwc_hwcm"  # loops (n, oh, ow, c, m, k
 
 
 def rewrite_convolutions(module: ir.Module, cpu: Cpu | None = None) -> None:
-    """`_pointwise_as_matmul` each 1x1 convolution, `_depthwise_hwc` each depthwise convolution
+    """`_taps_as_matmuls` each 1x1 convolution (one tap), `_depthwise_hwc` each depthwise convolution
     of multiplier 1, `_conv3d_as_conv2d` each 3-D convolution and `_taps_as_matmuls` each 2-D one
     with a filter too large to read directly in `module` (static shapes, f32 only). Run before the
     pipeline drops unit dimensions ("unit-dims"), which then drops the multiplier's from the ops
@@ -60,7 +60,7 @@ def rewrite_convolutions(module: ir.Module, cpu: Cpu | None = None) -> None:
     with module.context, ir.Location.unknown():
         for op in find_ops(module, lambda op: op.name == CONV and _pointwise(op)):
             with blaming(op):
-                _pointwise_as_matmul(op)
+                _taps_as_matmuls(op)  # one tap
         for op in find_ops(module, lambda op: op.name == _DEPTHWISE_M and _multiplier_one(op)):
             with blaming(op):
                 _depthwise_hwc(op)
@@ -119,27 +119,6 @@ def _expand(value: ir.Value, groups: list[list[int]], shape: list[int]) -> ir.Va
     return tensor.ExpandShapeOp(result, value, groups, [], shape).result
 
 
-def _pointwise_as_matmul(op: ir.Operation) -> None:
-    """Replace 1x1 convolution `op` by a matmul of the input pixels it reads (a strided slice,
-    copied, if it skips any) and its transposed filter."""
-    image, weight, init = list(op.operands)[:3]
-    n, oh, ow, f = ir.RankedTensorType(init.type).shape
-    _, h, w, c = ir.RankedTensorType(image.type).shape
-    with ir.InsertionPoint(op), op.location:
-        if (h, w) != (oh, ow):
-            sh, sw = _ints(op, "strides")
-            read = _slice(image, [0, 0, 0, 0], [n, oh, ow, c], [1, sh, sw, 1])
-            image = linalg.copy(read, outs=[tensor.EmptyOp([n, oh, ow, c], ir.F32Type.get()).result])
-        pixels = _collapse(image, [[0, 1, 2], [3]])
-        filter_fc = _collapse(weight, [[0, 1, 2], [3]])
-        empty = tensor.EmptyOp([c, f], ir.F32Type.get()).result
-        filter_cf = linalg.transpose(filter_fc, outs=[empty], permutation=[1, 0])
-        product = linalg.matmul(pixels, filter_cf, outs=[_collapse(init, [[0, 1, 2], [3]])])
-        result = _expand(product, [[0, 1, 2], [3]], [n, oh, ow, f])
-    op.results[0].replace_all_uses_with(result)
-    op.erase()
-
-
 def _filter_exceeds(op: ir.Operation, limit: int) -> bool:
     """A static f32 2-D convolution whose filter has more than `limit` bytes (`Tiles.direct_filter_bytes`)."""
     return _static_f32(op) and 4 * math.prod(ir.RankedTensorType(op.operands[1].type).shape) > limit
@@ -147,11 +126,11 @@ def _filter_exceeds(op: ir.Operation, limit: int) -> bool:
 
 def _taps_as_matmuls(op: ir.Operation) -> None:
     """Replace 2-D convolution `op` by a sum over its filter taps of matmuls: per tap, the input
-    pixels it reads (a strided slice, copied) times the tap's [C, F] filter, accumulating into
-    the output's pixels."""
+    pixels it reads (a strided slice, copied; the input itself for a 1x1 convolution that reads
+    every pixel) times the tap's [C, F] filter, accumulating into the output's pixels."""
     image, weight, init = list(op.operands)[:3]
     n, oh, ow, f = ir.RankedTensorType(init.type).shape
-    c = ir.RankedTensorType(image.type).shape[3]
+    _, h, w, c = ir.RankedTensorType(image.type).shape
     hwcf = op.name == CONV_HWCF
     kh, kw = ir.RankedTensorType(weight.type).shape[:2] if hwcf else ir.RankedTensorType(weight.type).shape[1:3]
     (sh, sw), (dh, dw) = _ints(op, "strides"), _ints(op, "dilations")
@@ -159,8 +138,11 @@ def _taps_as_matmuls(op: ir.Operation) -> None:
         acc = _collapse(init, [[0, 1, 2], [3]])
         for i in range(kh):
             for j in range(kw):
-                read = _slice(image, [0, i * dh, j * dw, 0], [n, oh, ow, c], [1, sh, sw, 1])
-                pixels = linalg.copy(read, outs=[tensor.EmptyOp([n, oh, ow, c], ir.F32Type.get()).result])
+                if (kh, kw, h, w) == (1, 1, oh, ow):
+                    pixels = image
+                else:
+                    read = _slice(image, [0, i * dh, j * dw, 0], [n, oh, ow, c], [1, sh, sw, 1])
+                    pixels = linalg.copy(read, outs=[tensor.EmptyOp([n, oh, ow, c], ir.F32Type.get()).result])
                 if hwcf:
                     taps = _collapse(_slice(weight, [i, j, 0, 0], [1, 1, c, f]), [[0, 1, 2], [3]])
                 else:

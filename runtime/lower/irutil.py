@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from mlir import ir
 from mlir.passmanager import PassManager
@@ -31,6 +31,13 @@ def find_ops(root: ir.Module | ir.Operation, predicate: Callable[[ir.Operation],
 
     root.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
     return found
+
+
+def function_bodies(module: ir.Module) -> Iterator[ir.Block]:
+    """The body of each func.func of `module` that has one (declarations have none)."""
+    for func in module.body.operations:
+        if func.operation.name == "func.func" and func.regions[0].blocks:
+            yield func.regions[0].blocks[0]
 
 
 def top_level(op: ir.Operation, function: ir.Operation) -> ir.Operation:

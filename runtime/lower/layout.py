@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from mlir import ir
 
+from .irutil import function_bodies
+
 
 @functools.cache
 def _table() -> dict:
@@ -64,10 +66,7 @@ ROUNDS = 8  # rewrites per op of a function at most (each leaves fewer or smalle
 def optimize_layout(module: ir.Module) -> None:
     """Decide the layout of every function of `module` (in place; see the module docstring)."""
     with module.context, ir.Location.unknown():
-        for func in module.body.operations:
-            if func.operation.name != "func.func" or not func.regions[0].blocks:
-                continue
-            block = func.regions[0].blocks[0]
+        for block in function_bodies(module):
             fold_layout(block)
             cost = _cost(block)
             for _ in range(ROUNDS * len(block.operations)):

@@ -20,6 +20,7 @@ import math
 import numpy as np
 from mlir import ir
 
+from .irutil import function_bodies
 from .layout import _foldable, _moved, _perm, _producer, _shape, fold_layout, reshape
 
 INTEGER = ("i8",)  # element types of the matmuls rewritten (i32 accumulators: exact)
@@ -30,10 +31,7 @@ def linears_as_convolutions(module: ir.Module) -> int:
     `module`'s functions as a 1x1 tosa.conv2d; the number rewritten."""
     count = 0
     with module.context, ir.Location.unknown():
-        for func in module.body.operations:
-            if func.operation.name != "func.func" or not func.regions[0].blocks:
-                continue
-            block = func.regions[0].blocks[0]
+        for block in function_bodies(module):
             fold_layout(block)  # the weight's transpose and reshape into one constant
             for op in list(block.operations):
                 if op.operation.name == "tosa.matmul" and _as_convolution(op.operation):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from mlir import ir
 
+from .irutil import function_bodies
 from .layout import _producer, _shape, _shape_values, _with_shape, fold_layout, reshape
 
 CONVOLUTIONS = ("tosa.conv2d", "tosa.depthwise_conv2d")
@@ -27,10 +28,7 @@ def pads_into_convolutions(module: ir.Module) -> int:
     into the convolution's padding; the number moved."""
     count = 0
     with module.context, ir.Location.unknown():
-        for func in module.body.operations:
-            if func.operation.name != "func.func" or not func.regions[0].blocks:
-                continue
-            block = func.regions[0].blocks[0]
+        for block in function_bodies(module):
             for op in list(block.operations):
                 if op.operation.name in CONVOLUTIONS and _fold(op.operation):
                     count += 1

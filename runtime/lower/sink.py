@@ -27,6 +27,8 @@ import math
 
 from mlir import ir
 
+from .irutil import function_bodies
+
 SMALL = 1 << 16  # elements of an operand transposed along with a sunk transpose
 TO_NCHW = [0, 3, 1, 2]  # the transposes sunk: a convolution's NHWC result to PyTorch's layout
 _ELEMENTWISE = frozenset({
@@ -40,10 +42,7 @@ _OPERANDS = {"tosa.mul": 2, "tosa.negate": 1}  # tensor operands; the rest (mul'
 def sink_transposes(module: ir.Module) -> None:
     """Move tosa.transpose ops below the elementwise ops they feed, then cancel inverse pairs."""
     with module.context, ir.Location.unknown():
-        for func in module.body.operations:
-            if func.operation.name != "func.func" or not func.regions[0].blocks:
-                continue
-            block = func.regions[0].blocks[0]
+        for block in function_bodies(module):
             for op in list(block.operations):
                 perm = _sinkable(op.operation)
                 if perm is not None:
