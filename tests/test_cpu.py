@@ -129,7 +129,7 @@ def test_bfloat16_roundings_run_for_every_runnable_entry(tmp_path: Path) -> None
         compared = normal if "avx512_bf16" in TABLE[name].features else torch.ones_like(normal)
         assert all(_same_bits(g[compared], w[compared]) for g, w in zip(got, want, strict=True)), name
     library = torchtosa.export_library(_bf16_roundings, x, d, path=tmp_path / "libbf16.so", cpu="x86-64-v3")
-    assert "__truncsfbf2" not in toolchain.undefined_symbols(library.path)
+    assert "__truncsfbf2" not in toolchain.undefined_symbols([library.path])
     assert all(_same_bits(g, w) for g, w in zip(run(library, x, d), want, strict=True))
 
 
@@ -149,7 +149,7 @@ def test_every_entry_compiles(name: str, tmp_path: Path) -> None:
     triple = {"x86_64": "x86_64-unknown-linux-gnu", "aarch64": "aarch64-unknown-linux-gnu"}[c.arch]
     toolchain.run([toolchain.llvm_tool("llc"), "-O3", f"-mtriple={triple}", f"-mcpu={c.llvm_cpu}",
                    "-filetype=obj", str(tmp_path / "k.ll"), "-o", str(tmp_path / "k.o")])
-    asm, calls = _disassembly(tmp_path / "k.o"), toolchain.undefined_symbols(tmp_path / "k.o")
+    asm, calls = _disassembly(tmp_path / "k.o"), toolchain.undefined_symbols([tmp_path / "k.o"])
     assert ("_ZGVeN16v_expf" in calls, "_ZGVdN8v_expf" in calls) == (c.vecmath == "avx512", c.vecmath == "avx2")
     if c.arch == "x86_64":
         assert ("%zmm" in asm) == (c.vector_bits == 512)

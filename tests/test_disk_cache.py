@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_library import run
 
 import torchtosa
 from torchtosa.api import CACHE
-from torchtosa.execute import disk_cache
+from torchtosa.execute import disk_cache, toolchain
+from torchtosa.lower import partition
 
 
 def _compile_all(model: torch.nn.Module, x: torch.Tensor) -> tuple[list[bool], list[torch.Tensor]]:
@@ -26,6 +28,31 @@ def _compile_all(model: torch.nn.Module, x: torch.Tensor) -> tuple[list[bool], l
     cached = [run.native.cached for _, run in CACHE.entries.values()]
     CACHE.clear()
     return cached, results
+
+
+def test_a_large_module_compiles_in_parts_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """opt and llc run on parts of a large module at once (here every module counts as large,
+    and a function is cut every few ops): the parts link into one library, for the cache and for
+    export_library, that computes what eager does."""
+    monkeypatch.setenv(disk_cache.ENV_SWITCH, "1")
+    monkeypatch.setenv(disk_cache.ENV_DIR, str(tmp_path / "cache"))
+    monkeypatch.setenv(toolchain.ENV_JOBS, "3")
+    monkeypatch.setattr(toolchain, "PART_LINES", 1)
+    monkeypatch.setattr(partition, "PART_OPS", 4)
+    objects: list[int] = []
+    machine_code = toolchain.machine_code
+    monkeypatch.setattr(toolchain, "machine_code", lambda *a, **k: objects.append(len(out := machine_code(*a, **k)))
+                        or out)
+    layers = [torch.nn.Linear(32, 32) if i % 2 == 0 else torch.nn.Tanh() for i in range(12)]
+    model, x = torch.nn.Sequential(*layers).eval(), torch.randn(4, 32)
+    with torch.no_grad():
+        want = model(x)
+        CACHE.clear()
+        torch.testing.assert_close(torchtosa.compile(model, x)(x), want, rtol=1e-5, atol=1e-5)
+        library = torchtosa.export_library(model, x, path=tmp_path / "libparts.so")
+    assert objects == [3, 3]
+    torch.testing.assert_close(run(library, x)[0], want, rtol=1e-5, atol=1e-5)
+    CACHE.clear()
 
 
 def test_a_compile_in_the_cache_loads_the_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -90,8 +90,8 @@ def build(program: Program, constants: Sequence[torch.Tensor], path: str | Path,
           cpu: Cpu | None = None) -> Library:
     """Write the library `path` and its header for `program`, whose first `len(constants)`
     inputs are `constants` (embedded in the library) and the others the caller's arrays.
-    `on_stage(stage, seconds)` hears of each step: the pipeline's stages, translate, optimize,
-    compile, link. `cpu`: the entry of the CPU table to compile for (by default `cpu.select()`)."""
+    `on_stage(stage, seconds)` hears of each step: the pipeline's stages, translate, opt and llc,
+    link. `cpu`: the entry of the CPU table to compile for (by default `cpu.select()`)."""
     check_opt(opt)
     cpu = cpu or select()
     if cpu.arch != host_arch() and opt == "parallel":
@@ -115,12 +115,9 @@ def build(program: Program, constants: Sequence[torch.Tensor], path: str | Path,
     clock("translate to LLVM IR")
     with tempfile.TemporaryDirectory(prefix="torchtosa-lib-") as tmp:
         work = Path(tmp)
-        (work / "kernel.ll").write_text(text)
-        toolchain.optimize(work / "kernel.ll", work / "kernel.bc", cpu)
-        clock("optimize (opt -O3)")
-        toolchain.compile_object(work / "kernel.bc", work / "kernel.o", cpu)
-        clock("compile (llc)")
-        undefined = toolchain.undefined_symbols(work / "kernel.o")
+        objects = [str(o.relative_to(work)) for o in toolchain.machine_code(text, work, cpu)]
+        clock("opt -O3 and llc")
+        undefined = toolchain.undefined_symbols([work / o for o in objects])
         link, shipped, needs_note = _runtime_libraries(undefined, work, path.name)
         notes = [f"Model: {source or 'a TOSA program'}, opt={opt!r}.",
                  _compiled_for(cpu),
@@ -130,7 +127,7 @@ def build(program: Program, constants: Sequence[torch.Tensor], path: str | Path,
                                memref_copy="memrefCopy" in undefined, notes=notes)
         header_file = path.with_suffix(".h").name
         (work / header_file).write_text(cabi.header(iface, cabi.identifier(header_file).upper()))
-        sources = ["glue.c", "kernel.o", *map(str, toolchain.builtins_object(undefined, work, cpu))]
+        sources = ["glue.c", *objects, *map(str, toolchain.builtins_object(undefined, work, cpu))]
         symbol = None
         if constants:
             symbol = f"{prefix}_tt_constants"

