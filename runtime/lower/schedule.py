@@ -94,6 +94,7 @@ _PLAIN_MAPS = {
 }
 _VECTORIZABLE = ("linalg.generic", "linalg.fill", "linalg.transpose", "linalg.copy")
 _TILE_ATTR = "torchtosa.tile"
+_ONCE_ATTR = "torchtosa.once"  # a loop `_Remainders` knows runs exactly once where it is reached
 _FOR = '!transform.op<"scf.for">'
 Extent = int | None  # a loop's size; None if known at run time only
 # tile sizes, order of the tile loops, the loops whose last tile may be partial (a dynamic size,
@@ -189,6 +190,7 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
                 op.erase()
         del module.operation.attributes["transform.with_named_sequence"]
         _drop_tile_attrs(module)
+    inline_single_iterations(module)
     # canonicalize drops the loop-carried values that hoisting leaves unchanged, which
     # bufferization would otherwise resolve with a buffer copy per tile
     run_passes(module, "builtin.module(canonicalize,cse)")
@@ -1115,7 +1117,9 @@ class _Remainders:
     smaller size of `_levels` and peeled again, down to 1: a remainder of 7 matmul rows is one
     tile of 4, one of 2 and one of 1, each a static register tile. Inside each of these, the next
     partial loop is tiled the same way; the loops after the last one last (a matmul's reduction
-    loop stays inside its row loop, so the accumulators stay in registers).
+    loop stays inside its row loop, so the accumulators stay in registers). Each level first
+    takes the whole remainder as one tile (so that its size is an affine.min peeling simplifies);
+    that loop runs exactly once and is marked for `inline_single_iterations`.
     """
 
     def __init__(self, key: Key, prefix: str) -> None:
@@ -1185,13 +1189,17 @@ class _Remainders:
         levels = self._levels(k)
         # one tile of the whole remainder first: its size is then an affine.min, which peeling
         # simplifies in the whole tiles (it does not see through the remainder's own size)
-        whole, _, lines = self._tile(op, {d: levels[level - 1]})
+        whole, (once,), lines = self._tile(op, {d: levels[level - 1]})
         tiled, loops, more = self._tile(whole, {d: levels[level]})
-        lines += more
+        lines += [_once(once), *more]
         if levels[level] == 1:
             return lines + self.dim(tiled, k + 1)
         main, rest, peel = self._peel(loops[0])
         return lines + peel + self._inside(main, k + 1) + self._inside(rest, k, level + 1)
+
+
+def _once(loop: str) -> str:
+    return f'    transform.annotate {loop} "{_ONCE_ATTR}" : !transform.any_op'
 
 
 def _match(key: str) -> str:
@@ -1214,6 +1222,26 @@ def _reassociate_reductions(module: ir.Module) -> None:
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+
+
+def inline_single_iterations(module: ir.Module) -> None:
+    """Replace each loop `_Remainders` marked as running exactly once by its body.
+
+    A dynamic size's remainder is tiled by halves, each level inside the last, and one-shot
+    bufferization's buffer types of loop-carried tensors took time exponential in the depth of
+    such nests (4.6 s of a tiny Llama decoding graph's 12 s of lowering); each level's loop
+    over the whole remainder, one tile of it, need not be a loop."""
+    for loop in find_ops(module, lambda op: op.name == "scf.for" and _ONCE_ATTR in op.attributes):
+        for_op = loop.operation.opview
+        for_op.induction_variable.replace_all_uses_with(for_op.lowerBound)
+        for arg, init in zip(for_op.inner_iter_args, for_op.initArgs, strict=True):
+            arg.replace_all_uses_with(init)
+        body = list(for_op.body.operations)
+        for op in body[:-1]:
+            op.move_before(loop.operation)
+        for result, value in zip(loop.results, body[-1].operands, strict=True):
+            result.replace_all_uses_with(value)
+        loop.operation.erase()
 
 
 def _drop_tile_attrs(module: ir.Module) -> None:
