@@ -16,6 +16,7 @@ from mlir import ir
 from torch import nn
 
 import torchtosa
+from torchtosa.api import CACHE
 from torchtosa.execute import native as execute
 from torchtosa.lower import pipeline, schedule
 
@@ -44,7 +45,9 @@ def _loop_depth(op: ir.Operation) -> int:
 
 
 def _spy(monkeypatch: pytest.MonkeyPatch, summary: Callable[[ir.Module], Any]) -> list[Any]:
-    """`summary` of each module lowered from now on, after the schedule stage."""
+    """`summary` of each module lowered from now on, after the schedule stage (none comes from
+    the in-memory cache)."""
+    CACHE.clear()
     seen: list[Any] = []
     lower = execute.lower
 
