@@ -104,7 +104,7 @@ class _Cache:
             hit = self.entries.get(key)
         if hit is not None:
             return hit
-        artifacts = debug.artifacts(*key[:3], opt, cpu)
+        artifacts = debug.artifacts(program, opt, cpu)
         if artifacts is not None:
             artifacts.write("graph.py", gm.code)
             artifacts.write("tosa.mlir", str(program.module))
@@ -247,6 +247,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, respecialize: bool
             runner, explanation = gm, all_eager(gm, failure)
         warn_fallbacks(explanation.label(graph))
     explanation.cpu = cpu.describe()
+    debug.write_graph(gm, explanation, options.opt, cpu, graph)
     if shape_env is not None and len(shape_env.guards) > before:
         otherwise = _Specializing(gm, options, graph=graph) if respecialize else None
         runner = Guarded(runner, [g.expr for g in shape_env.guards[before:]], sources, otherwise)

@@ -57,6 +57,7 @@ class EagerOp:
     where: str
     failure: InternalError | None = None  # torchtosa's own error that left it to PyTorch
     graph: str = ""  # which graph of a compile ("forward graph 0"), if it has several
+    node: str = ""  # its node in the graph
 
 
 @dataclass
@@ -67,6 +68,7 @@ class NativeRegion:
     ops: Counter
     program: Program
     graph: str = ""
+    nodes: list[str] = field(default_factory=list)  # its nodes in the graph
 
 
 @dataclass
@@ -401,12 +403,13 @@ def _explain(gm: fx.GraphModule, reasons: dict[str, str | None], regions: dict[s
                 by_region[name] = NativeRegion(f"region {len(by_region)}", Counter(), program)
                 explanation.parts.append(by_region[name])
             by_region[name].ops[op] += 1
+            by_region[name].nodes.append(node.name)
         else:
             failure = failures.get(node.name)
             reason = reasons.get(node.name) or "not lowered"
             if failure is not None and reasons.get(node.name) is None:  # a region that failed to compile
                 reason = f"{_REGION_FAILED}: internal error{_in(failure)}: {failure.detail}"
-            explanation.parts.append(EagerOp(op, reason, where(node), failure))
+            explanation.parts.append(EagerOp(op, reason, where(node), failure, node=node.name))
     return explanation
 
 

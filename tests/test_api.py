@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -396,7 +397,8 @@ def test_missing_registry_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, fres
 
 def test_debug_artifacts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """TORCHTOSA_DEBUG: each native compile writes its graph, TOSA, the module after every stage,
-    the LLVM IR and its timings to a folder named by its key; an equal compile, the same folder."""
+    the LLVM IR and its timings to a folder named by its key; an equal compile, the same folder.
+    Each graph gets a folder too: its code, explain(), a picture and a repro that runs."""
     from torchtosa import debug
     from torchtosa.api import CACHE
 
@@ -405,11 +407,21 @@ def test_debug_artifacts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     x = torch.randn(2, 16)
     CACHE.clear()
     with torch.no_grad():
-        torchtosa.compile(model, x)(x)
-        (folder,) = tmp_path.iterdir()
+        compiled = torchtosa.compile(model, x)
+        compiled(x)
+        written = sorted(p.name for p in tmp_path.iterdir())
         CACHE.clear()
         torchtosa.compile(model, x)(x)
-    assert [p.name for p in tmp_path.iterdir()] == [folder.name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == written
+    (graph,) = (tmp_path / n for n in written if n.startswith("graph-"))
+    (folder,) = (tmp_path / n for n in written if not n.startswith("graph-"))
+    assert (graph / "explain.txt").read_text() == f"graph\n{compiled.explain()}\n"
+    picture = (graph / "graph.html").read_text()
+    assert f'href="../{folder.name}/tosa.mlir"' in picture and "addmm = addmm.default(" in picture
+    repro = subprocess.run([sys.executable, "repro.py"], cwd=graph, capture_output=True, text=True, check=False)
+    assert repro.returncode == 0, repro.stderr
+    diffs = [float(line.rsplit(" ", 1)[1]) for line in repro.stdout.splitlines() if line.startswith("max |")]
+    assert len(diffs) == 1 and diffs[0] < 1e-5
     names = sorted(p.name for p in folder.iterdir())
     assert {"graph.py", "tosa.mlir", "kernel.ll", "compile.txt"} <= set(names)
     assert "aten.addmm" in (folder / "graph.py").read_text() and "tosa.matmul" in (folder / "tosa.mlir").read_text()
