@@ -600,7 +600,7 @@ def command_line() -> str:
     return shlex.join(["python", str(script), *sys.argv[1:]])
 
 
-def write_doc(env: dict[str, str], table: str, notes: list[str], scaling: str | None,
+def write_doc(doc: Path, env: dict[str, str], table: str, notes: list[str], scaling: str | None,
               dynamic: str | None = None, generation: str | None = None, int8: str | None = None,
               training: str | None = None, cached: str | None = None) -> None:
     text = ["# Benchmarks", "",
@@ -650,7 +650,7 @@ def write_doc(env: dict[str, str], table: str, notes: list[str], scaling: str | 
                  "model's.", "", scaling, ""]
     if notes:
         text += ["Notes:", ""] + [f"- {note}" for note in notes] + [""]
-    DOC.write_text("\n".join(text))
+    doc.write_text("\n".join(text))
 
 
 class _Counted:
@@ -1011,6 +1011,8 @@ def main() -> int:
                         help='time torchtosa opt="none" on every workload (by default only on the small ones)')
     parser.add_argument("--warm", action="store_true", help="reuse inductor's and torchtosa's default on-disk caches")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    parser.add_argument("--doc", type=Path, default=DOC,
+                        help="the file the tables go to (docs/benchmarks.md; e.g. a second file for another CPU entry)")
     parser.add_argument("--no-scaling", action="store_true", help="skip the compile time against depth table")
     parser.add_argument("--no-dynamic", action="store_true", help="skip the dynamic-shape table")
     parser.add_argument("--no-int8", action="store_true", help="skip the int8 table")
@@ -1144,8 +1146,8 @@ def main() -> int:
     for note in notes:
         print(note)
     if not args.no_write and rows:
-        write_doc(env, table, notes, scaling, dynamic, generation, int8, training, cached)
-        print(f"\nwrote {DOC.relative_to(ROOT)}")
+        write_doc(args.doc, env, table, notes, scaling, dynamic, generation, int8, training, cached)
+        print(f"\nwrote {args.doc}")
     return 0
 
 
