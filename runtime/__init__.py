@@ -14,6 +14,7 @@
 from . import vela
 from .api import CompiledFunction, compile, explain, to_tosa, torchtosa_backend
 from .artifacts.tosa_files import load
+from .delegate import Delegation
 from .errors import (
     CompileError,
     InputMismatch,
@@ -34,11 +35,10 @@ from .importer.target import Target
 from .regions import Explanation, FallbackWarning
 
 __all__ = [
-    "CompileError", "CompiledFunction", "Explanation", "FallbackWarning", "InputMismatch", "InternalError",
-    "InvalidFile", "InvalidInput", "Library", "LoweringError", "MissingRuntime", "NotConformant", "Program",
-    "Target", "ToolError",
-    "TorchTosaError", "Unsupported", "VelaError", "compile", "explain", "export_library", "load", "to_tosa",
-    "torchtosa_backend", "vela",
+    "CompileError", "CompiledFunction", "Delegation", "Explanation", "FallbackWarning", "InputMismatch",
+    "InternalError", "InvalidFile", "InvalidInput", "Library", "LoweringError", "MissingRuntime", "NotConformant",
+    "Program", "Target", "ToolError", "TorchTosaError", "Unsupported", "VelaError", "compile", "explain",
+    "export_library", "load", "to_tosa", "torchtosa_backend", "vela",
 ]
 
 

@@ -29,6 +29,7 @@ from .capture.trace import (
     translated_dynamo_errors,
 )
 from .cpu import Cpu, runnable, select
+from .delegate import Delegation, delegate
 from .errors import InputMismatch, InternalError, NotConformant, TorchTosaError, Unsupported
 from .execute.native import NativeFunction
 from .importer.graph import Program, import_graph
@@ -126,7 +127,8 @@ CACHE = _Cache()
 
 
 def to_tosa(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args: Any,
-            target: str | Target | None = "auto", freeze: bool = False, npu: bool = False, **kwargs: Any) -> Program:
+            target: str | Target | None = "auto", freeze: bool = False, npu: bool = False, partition: bool = False,
+            **kwargs: Any) -> Program | Delegation:
     """The TOSA module of a function, module or ExportedProgram for these example inputs.
 
     `print(prog)` shows the MLIR; `prog.module` is the `mlir.ir.Module`. Strict: an op that
@@ -153,7 +155,15 @@ def to_tosa(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
     Vela encodes and streams (`lower/linear_conv.py`), and explicit zero-point pads before integer
     convolutions the convolutions' own padding (`lower/pad_conv.py`). Either way the results are
     the same bits.
+
+    `partition=True` (a target named) delegates what the target can run instead of failing on
+    what it can't: a `Delegation` holds the TOSA program of the largest part the target runs,
+    its inputs and outputs named by the boundary tensors, and the host graph that runs the rest
+    around it with PyTorch; its `explain()` says what stays on the host and why (`delegate.py`).
+    A quantized model's float edges (its input quantize, its output dequantize) are host ops then.
     """
+    if partition and target in (None, "auto"):
+        raise ValueError("to_tosa(partition=True) needs a target to partition for, e.g. target='TOSA-1.0+INT'")
     captured = _capture(fn, args, kwargs)
     gm = freeze_graph(captured) if freeze else captured.gm
     # node groups with a lowering of their own (quantized DQ -> op -> Q groups as integer
@@ -162,9 +172,15 @@ def to_tosa(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
     aim = None if target in (None, "auto") else Target.parse(target)
     groups = rewrite_groups(gm) if freeze and (aim is None or "INT" in aim.profiles) else []
     # a target without FP has no float tensors: a quantized model takes and returns its int8 values
-    edges = integer_edges(gm) if aim is not None and "FP" not in aim.profiles else None
+    edges = integer_edges(gm) if aim is not None and "FP" not in aim.profiles and not partition else None
     if freeze or target is not None:
         fold_constants(gm)
+    if partition:
+        delegation = delegate(gm, aim)
+        if npu:
+            for_npu(delegation.program)
+        delegation.program.groups = groups
+        return delegation
     program = import_graph(gm, aim=aim) if target != "auto" else _most_conformant(gm)
     if npu:
         for_npu(program)

@@ -12,7 +12,12 @@ class Unsupported(TorchTosaError):
 
 
 class NotConformant(Unsupported):
-    """A TOSA module breaks its target's profiles, extensions or level (tosa-validate)."""
+    """A TOSA module breaks its target's profiles, extensions or level (tosa-validate); `names`
+    are the graph nodes (or parameters) whose ops broke it."""
+
+    def __init__(self, message: str, names: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.names = names
 
 
 class InvalidInput(TorchTosaError, ValueError):

@@ -135,14 +135,20 @@ def _run(module: ir.Module, pipeline: str, target: Target | None = None) -> None
         except ir.MLIRError as err:
             problems = [f"{_where(d.location)}: {d.message}" for d in err.error_diagnostics]
             what = f"not conformant to {target}" if target else "cannot take this TOSA target"
-            raise NotConformant(f"the TOSA module is {what}:\n  " + "\n  ".join(problems or [str(err)])) from None
+            found = (_LOC.fullmatch(str(d.location)) for d in err.error_diagnostics)
+            names = tuple(dict.fromkeys(m["node"] for m in found if m))
+            message = f"the TOSA module is {what}:\n  " + "\n  ".join(problems or [str(err)])
+            raise NotConformant(message, names) from None
         except ValueError as err:  # a bad pass option (an unknown extension)
             raise ValueError(f"MLIR rejects the target options: {err}") from None
 
 
+_LOC = re.compile(r'loc\("(?P<node>[^"]+)"(?:\("(?P<file>[^"]+)":(?P<line>\d+):\d+\))?\)')
+
+
 def _where(loc: ir.Location) -> str:
     """`node (file:line)` from the importer's locations `loc("node"("file":line:0))`."""
-    m = re.fullmatch(r'loc\("(?P<node>[^"]+)"(?:\("(?P<file>[^"]+)":(?P<line>\d+):\d+\))?\)', str(loc))
+    m = _LOC.fullmatch(str(loc))
     if m is None:
         return str(loc)
     return m["node"] + (f" ({m['file']}:{m['line']})" if m["file"] else "")
