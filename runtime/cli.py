@@ -109,6 +109,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="the lowering, as torchtosa.compile's opt= (linalg, llvm, so)")
     export.add_argument("--target", help="TOSA target, passed to torchtosa.to_tosa(target=...)")
     export.add_argument("--freeze", action="store_true", help="passed to torchtosa.to_tosa(freeze=True)")
+    export.add_argument("--partition", action="store_true",
+                        help="with --target and --emit tosa or mlir: the largest part the target runs "
+                             "(to_tosa(partition=True)); what stays on the host is listed on stderr, and with "
+                             "-o the host graph, which calls the part as self.delegate, goes to <output>.host.py")
     export.add_argument("--name", help="prefix of the library's C names (default: the file name's stem)")
     export.add_argument("--cpu", help="the entry of the CPU table (opdefs/cpus.yaml) to compile for (llvm, so): "
                         "default $TORCHTOSA_CPU or this machine's; aarch64 ones cross-compile")
@@ -131,6 +135,9 @@ def _export(args: argparse.Namespace) -> int:
         raise UsageError(f"--emit tosa: -o must name a .tosa file, not {args.output!r}")
     if args.vela and args.emit != "tosa":
         raise UsageError("--vela compiles the TOSA flatbuffer: use it with --emit tosa")
+    if args.partition and (args.target is None or args.emit not in ("tosa", "mlir")):
+        raise UsageError("--partition delegates part of the model to a TOSA target: use it with --target and "
+                         "--emit tosa or mlir")
     if args.cpu is not None and args.emit not in ("llvm", "so"):
         raise UsageError("--cpu picks the CPU native code is compiled for: use it with --emit llvm or so")
     try:
@@ -148,7 +155,8 @@ def _export(args: argparse.Namespace) -> int:
     tensors = tuple(make_input(spec, generator) for spec in inputs)
     progress = Progress()
     options = {k: v for k, v in (("target", args.target), ("freeze", args.freeze or None),
-                                 ("npu", bool(args.vela) or None)) if v is not None}
+                                 ("npu", bool(args.vela) or None), ("partition", args.partition or None))
+               if v is not None}
 
     if not exported:
         try:
@@ -159,6 +167,13 @@ def _export(args: argparse.Namespace) -> int:
     outputs: list[str] | None = None
     if options or args.emit in ("mlir", "tosa"):  # TOSA for a target (the most conformant one by default)
         program = progress.run("capture + import to TOSA", lambda: api.to_tosa(fn, *tensors, **options))
+        if args.partition:
+            print(program.explain(), file=sys.stderr)
+            if args.output is not None:
+                host = Path(args.output).with_suffix(".host.py")
+                _write(str(host), f"# the host part of {args.target_fn}: PyTorch runs it, self.delegate is "
+                                  f"{Path(args.output).name}\n{program.host.code}")
+            program = program.program
         users = len(tensors) if not exported else len(library.user_inputs(fn))
         if args.emit == "so" and len(program.inputs) != users:
             raise UsageError("--emit so with --target needs --freeze: the library embeds the parameters "

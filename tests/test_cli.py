@@ -68,6 +68,21 @@ def stages(stderr: str) -> list[str]:
             if line.startswith("torchtosa: ") and line.endswith(" s")]
 
 
+def test_partition_delegates_all_but_the_embedding(workdir: Path, subprocess_env: dict[str, str]) -> None:
+    """--partition: the TOSA file holds the part TOSA-1.0+FP runs; the embedding lookup (int64
+    indices) stays on the host, listed on stderr; the host graph calls the part."""
+    args = ["export", "models:make_tagger", "--input", "2x16:f32", "--input", "2:i64:0..100", "--target",
+            "TOSA-1.0+FP", "--freeze", "--emit", "tosa", "-o", "out/tagger.tosa"]
+    done = torchtosa(workdir, subprocess_env, *args, "--partition")
+    assert done.returncode == 0, done.stderr
+    assert "host   aten.embedding.default: not conformant to TOSA-1.0+FP" in done.stderr
+    assert (workdir / "out" / "tagger.tosa").stat().st_size > 0
+    assert "self.delegate(" in (workdir / "out" / "tagger.host.py").read_text()
+    whole = torchtosa(workdir, subprocess_env, *args)  # without it: one module or an error
+    assert whole.returncode == 1 and "not conformant to TOSA-1.0+FP" in whole.stderr
+    assert torchtosa(workdir, subprocess_env, *args[:-4], "--emit", "so", "-o", "t.so", "--partition").returncode == 2
+
+
 def test_emit_so_matches_eager(workdir: Path, subprocess_env: dict[str, str]) -> None:
     """A zero-argument factory (by module name) exported as a library, with one progress line
     per stage; the library computes what the module computes on the same seeded inputs."""
