@@ -14,7 +14,7 @@ from test_library import run
 import torchtosa
 from torchtosa.api import CACHE
 from torchtosa.execute import disk_cache, toolchain
-from torchtosa.lower import partition
+from torchtosa.lower import partition, schedule
 
 
 def _compile_all(model: torch.nn.Module, x: torch.Tensor) -> tuple[list[bool], list[torch.Tensor]]:
@@ -39,6 +39,8 @@ def test_a_large_module_compiles_in_parts_at_once(tmp_path: Path, monkeypatch: p
     monkeypatch.setenv(toolchain.ENV_JOBS, "3")
     monkeypatch.setattr(toolchain, "PART_LINES", 1)
     monkeypatch.setattr(partition, "PART_OPS", 4)
+    for threshold in ("PARALLEL_MIN_MACS", "SPLIT_MIN_MACS", "SPLIT_MIN_ELEMENTS"):  # OpenMP regions in each part
+        monkeypatch.setattr(schedule, threshold, 0)
     objects: list[int] = []
     machine_code = toolchain.machine_code
     monkeypatch.setattr(toolchain, "machine_code", lambda *a, **k: objects.append(len(out := machine_code(*a, **k)))
@@ -48,9 +50,10 @@ def test_a_large_module_compiles_in_parts_at_once(tmp_path: Path, monkeypatch: p
     with torch.no_grad():
         want = model(x)
         CACHE.clear()
-        torch.testing.assert_close(torchtosa.compile(model, x)(x), want, rtol=1e-5, atol=1e-5)
+        for opt in ("default", "parallel"):  # OpenMP's unnamed globals, shared by the parts
+            torch.testing.assert_close(torchtosa.compile(model, x, opt=opt)(x), want, rtol=1e-5, atol=1e-5)
         library = torchtosa.export_library(model, x, path=tmp_path / "libparts.so")
-    assert objects == [3, 3]
+    assert objects == [3, 3, 3]
     torch.testing.assert_close(run(library, x)[0], want, rtol=1e-5, atol=1e-5)
     CACHE.clear()
 

@@ -123,22 +123,27 @@ def machine_code(text: str, work: Path, cpu: Cpu, jobs: int | None = None) -> li
     `opt` and `llc` take most of a large model's compile time, in one process. A module of more
     than 2 x PART_LINES lines is split into up to `jobs` (`compile_jobs()`) parts of about equal
     size, whole functions each (`llvm-extract`: its private functions become hidden, so the
-    parts link as one library; the last part keeps the globals), compiled at once. A function is
-    the unit: `lower.partition` cuts a deep model's body into functions of bounded size."""
+    parts link as one library; the last part keeps the globals, unnamed ones named first),
+    compiled at once. A function is the unit: `lower.partition` cuts a deep model's body into
+    functions of bounded size."""
     (work / "kernel.ll").write_text(text)
     sizes = _function_sizes(text)
     count = min(jobs or compile_jobs(), len(sizes), sum(sizes.values()) // PART_LINES)
     groups = _balanced(sizes, count) if count > 1 else [[]]
+    source = work / "kernel.ll"
+    if len(groups) > 1:  # unnamed globals (OpenMP's source locations) get names the parts can share
+        run([llvm_tool("opt"), "-passes=name-anon-globals", str(source), "-o", str(work / "named.bc")],
+            what="opt (name-anon-globals)")
+        source = work / "named.bc"
 
     def part(i: int) -> Path:
-        source, stem = work / "kernel.ll", work / f"kernel{i}"
+        stem = work / f"kernel{i}"
         if len(groups) > 1:
             last = i == len(groups) - 1  # all but the other parts' functions
             named = [f for g in groups[:-1] for f in g] if last else groups[i]
             run([llvm_tool("llvm-extract"), *(["--delete"] if last else []), *(f"--func={f}" for f in named),
                  str(source), "-o", f"{stem}.ll.bc"], what="llvm-extract")
-            source = Path(f"{stem}.ll.bc")
-        optimize(source, Path(f"{stem}.bc"), cpu)
+        optimize(Path(f"{stem}.ll.bc") if len(groups) > 1 else source, Path(f"{stem}.bc"), cpu)
         compile_object(Path(f"{stem}.bc"), Path(f"{stem}.o"), cpu)
         return Path(f"{stem}.o")
 
