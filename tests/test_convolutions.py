@@ -17,7 +17,7 @@ from test_schedule import _ops as op_names
 from torch import nn
 
 import torchtosa
-from torchtosa.lower import partition
+from torchtosa.lower import convolutions, partition
 from torchtosa.lower.schedule import _lanes_divisor, plans
 from torchtosa.lower.sink import sink_transposes
 
@@ -221,3 +221,21 @@ def test_3d_convolutions_are_sums_of_2d_ones(conv: nn.Module, batch: int) -> Non
     assert "linalg.conv_3d_ndhwc_dhwcf" not in ops and "linalg.conv_1d_nwc_wcf" not in ops  # decomposed, vectorized
     assert "vector.fma" in ops
     _check(conv, x)
+
+
+def test_filters_beyond_the_cache_are_matmuls_per_tap_up_to_max_taps() -> None:
+    """A 3x3 filter of 256 x 256 channels (2.4 MB, above any entry's half L2) is a matmul per
+    tap; a 20x20 one (400 taps, as a weight gradient's output-gradient "filter") stays one
+    convolution: a matmul and a copy per tap made a conv block's backward graph take 100 s to
+    bufferize. Both agree with eager."""
+    wide = nn.Conv2d(256, 256, 3, padding=1, bias=False)
+    x = torch.randn(1, 256, 6, 6)
+    names = _ops(wide.eval(), x, stop_before="schedule")
+    assert names.count("linalg.matmul") == 9 and "linalg.conv_2d_nhwc_fhwc" not in names
+    assert convolutions.MAX_TAPS < 400
+    big = nn.Conv2d(64, 64, 20, bias=False)
+    y = torch.randn(1, 64, 22, 22)
+    names = _ops(big.eval(), y, stop_before="schedule")
+    assert "linalg.conv_2d_nhwc_fhwc" in names and "linalg.matmul" not in names
+    _check(wide, x)
+    _check(big, y)

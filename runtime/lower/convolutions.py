@@ -8,13 +8,13 @@
   runtime library's element-by-element memrefCopy): ResNet-50's 1024 -> 2048 stride-2
   convolution on 14 x 14 with x86-64-v3 code ran at 2.6 GF/s direct (16 rows of its 2048 x 1024
   filter per output pixel, from memory), as a copy and a matmul at 40 GF/s (5.2 ms, eager 5.0).
-- A 2-D convolution whose filter is larger than half of the L2 cache (`Tiles.direct_filter_bytes`)
-  is a sum over its filter taps of matmuls (`_taps_as_matmuls`): per tap (i, j), the input pixels
-  it reads (a strided slice, copied) times the tap's [C, F] filter, accumulating into the output
-  pixels. Run directly, each register tile of output pixels would read the whole filter from
-  memory. ResNet-50's 3x3 convolution of 256 channels on 14 x 14, a Xeon (Emerald Rapids) under
-  load: 6.4 -> 2.0 ms with its AVX-512 code (eager 2.0-3.6), 43.5 -> 8.6 ms with x86-64-v3 code
-  (eager limited to AVX2: 8.3-14).
+- A 2-D convolution whose filter is larger than half of the L2 cache (`Tiles.direct_filter_bytes`),
+  in at most MAX_TAPS taps, is a sum over its filter taps of matmuls (`_taps_as_matmuls`): per
+  tap (i, j), the input pixels it reads (a strided slice, copied) times the tap's [C, F] filter,
+  accumulating into the output pixels. Run directly, each register tile of output pixels would
+  read the whole filter from memory. ResNet-50's 3x3 convolution of 256 channels on 14 x 14, a
+  Xeon (Emerald Rapids) under load: 6.4 -> 2.0 ms with its AVX-512 code (eager 2.0-3.6), 43.5 ->
+  8.6 ms with x86-64-v3 code (eager limited to AVX2: 8.3-14).
 - A 3-D convolution (NDHWC, a DHWCF filter) is a sum over its depth taps of 2-D convolutions
   (`_conv3d_as_conv2d`): per batch element and depth tap kd, the input planes od * sd + kd * dd
   for every output plane od are the batch of a linalg.conv_2d_nhwc_hwcf with the tap's HWCF
@@ -47,6 +47,10 @@ CONV = "linalg.conv_2d_nhwc_fhwc"  # loops (n, oh, ow, f, kh, kw, c)
 CONV_HWCF = "linalg.conv_2d_nhwc_hwcf"  # the same loops; its filter as the schedule's tiles read it
 _CONV3D = "linalg.conv_3d_ndhwc_dhwcf"
 MAX_UNROLLED = 64  # batch elements x depth taps of a 3-D convolution rewritten as 2-D ones
+# taps of a 2-D filter rewritten as matmuls, one each: a model's filters have up to 7x7 (49), and a
+# weight gradient's "filter" is the output gradient (56x56 in a conv block's backward: its 3,136
+# matmuls and copies took 100 s to bufferize)
+MAX_TAPS = 64
 DEPTHWISE = "linalg.depthwise_conv_2d_nhwc_hwc"  # loops (n, oh, ow, c, kh, kw)
 _DEPTHWISE_M = "linalg.depthwise_conv_2d_nhwc_hwcm"  # loops (n, oh, ow, c, m, kh, kw)
 
@@ -120,8 +124,11 @@ def _expand(value: ir.Value, groups: list[list[int]], shape: list[int]) -> ir.Va
 
 
 def _filter_exceeds(op: ir.Operation, limit: int) -> bool:
-    """A static f32 2-D convolution whose filter has more than `limit` bytes (`Tiles.direct_filter_bytes`)."""
-    return _static_f32(op) and 4 * math.prod(ir.RankedTensorType(op.operands[1].type).shape) > limit
+    """A static f32 2-D convolution whose filter has more than `limit` bytes (`Tiles.direct_filter_bytes`)
+    in at most MAX_TAPS taps."""
+    shape = ir.RankedTensorType(op.operands[1].type).shape
+    taps = shape[1] * shape[2] if op.name == CONV else shape[0] * shape[1]  # FHWC or HWCF
+    return _static_f32(op) and 4 * math.prod(shape) > limit and taps <= MAX_TAPS
 
 
 def _taps_as_matmuls(op: ir.Operation) -> None:
