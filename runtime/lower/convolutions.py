@@ -50,7 +50,7 @@ MAX_UNROLLED = 64  # batch elements x depth taps of a 3-D convolution rewritten 
 # taps of a 2-D filter rewritten as matmuls, one each: a model's filters have up to 7x7 (49), and a
 # weight gradient's "filter" is the output gradient (56x56 in a conv block's backward: its 3,136
 # matmuls and copies took 100 s to bufferize)
-MAX_TAPS = 64  # (such a convolution is a matmul per output pixel instead, if it has few: _pixels_as_matmuls)
+MAX_TAPS = 64
 DEPTHWISE = "linalg.depthwise_conv_2d_nhwc_hwc"  # loops (n, oh, ow, c, kh, kw)
 _DEPTHWISE_M = "linalg.depthwise_conv_2d_nhwc_hwcm"  # loops (n, oh, ow, c, m, kh, kw)
 
@@ -77,9 +77,6 @@ def rewrite_convolutions(module: ir.Module, cpu: Cpu | None = None) -> None:
         for op in find_ops(module, lambda op: op.name in (CONV, CONV_HWCF) and _filter_exceeds(op, limit)):
             with blaming(op):
                 _taps_as_matmuls(op)
-        for op in find_ops(module, lambda op: op.name in (CONV, CONV_HWCF) and _window_of_few_pixels(op)):
-            with blaming(op):
-                _pixels_as_matmuls(op)
 
 
 def pads_in_place(module: ir.Module) -> None:
@@ -132,45 +129,6 @@ def _filter_exceeds(op: ir.Operation, limit: int) -> bool:
     shape = ir.RankedTensorType(op.operands[1].type).shape
     taps = shape[1] * shape[2] if op.name == CONV else shape[0] * shape[1]  # FHWC or HWCF
     return _static_f32(op) and 4 * math.prod(shape) > limit and taps <= MAX_TAPS
-
-
-def _window_of_few_pixels(op: ir.Operation) -> bool:
-    """A static f32 2-D convolution of more than MAX_TAPS taps onto at most MAX_TAPS output pixels
-    per image (a weight gradient: the output gradient is its filter, the filter's taps its output)."""
-    shape = ir.RankedTensorType(op.operands[1].type).shape
-    taps = shape[1] * shape[2] if op.name == CONV else shape[0] * shape[1]
-    _, oh, ow, _ = ir.RankedTensorType(op.results[0].type).shape
-    return _static_f32(op) and taps > MAX_TAPS and oh * ow <= MAX_TAPS
-
-
-def _pixels_as_matmuls(op: ir.Operation) -> None:
-    """Replace 2-D convolution `op` by a matmul per output pixel: the window it reads (a strided
-    slice, copied: [N, KH * KW * C]) times the whole filter ([KH * KW * C, F]). Run directly, a
-    weight gradient's window of 56 x 56 taps took 2.6x eager's time for a training step."""
-    image, weight, init = list(op.operands)[:3]
-    n, oh, ow, f = ir.RankedTensorType(init.type).shape
-    c = ir.RankedTensorType(image.type).shape[3]
-    hwcf = op.name == CONV_HWCF
-    kh, kw = ir.RankedTensorType(weight.type).shape[:2] if hwcf else ir.RankedTensorType(weight.type).shape[1:3]
-    (sh, sw), (dh, dw) = _ints(op, "strides"), _ints(op, "dilations")
-    k, f32 = kh * kw * c, ir.F32Type.get()
-    with ir.InsertionPoint(op), op.location:
-        if hwcf:
-            filt = _collapse(weight, [[0, 1, 2], [3]])
-        else:
-            filt = linalg.transpose(_collapse(weight, [[0], [1, 2, 3]]), outs=[tensor.EmptyOp([k, f], f32).result],
-                                    permutation=[1, 0])
-        result = init
-        for p in range(oh):
-            for q in range(ow):
-                read = _slice(image, [0, p * sh, q * sw, 0], [n, kh, kw, c], [1, dh, dw, 1])
-                window = linalg.copy(read, outs=[tensor.EmptyOp([n, kh, kw, c], f32).result])
-                acc = _collapse(_slice(result, [0, p, q, 0], [n, 1, 1, f]), [[0, 1, 2], [3]])
-                acc = linalg.matmul(_collapse(window, [[0], [1, 2, 3]]), filt, outs=[acc])
-                result = tensor.InsertSliceOp(_expand(acc, [[0, 1, 2], [3]], [n, 1, 1, f]), result, [], [], [],
-                                              [0, p, q, 0], [n, 1, 1, f], [1] * 4).result
-    op.results[0].replace_all_uses_with(result)
-    op.erase()
 
 
 def _taps_as_matmuls(op: ir.Operation) -> None:
