@@ -105,19 +105,13 @@ def write_graph(gm: fx.GraphModule, explanation: Explanation, opt: str, cpu: Cpu
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "graph.py").write_text(gm.code)
     (folder / "repro.py").write_text(_repro(gm, label))
-    constants = {n.target: _attribute(gm, n.target) for n in gm.graph.find_nodes(op="get_attr")}
+    constants = {n.target: operator.attrgetter(n.target)(gm) for n in gm.graph.find_nodes(op="get_attr")}
     if constants:
         torch.save(constants, folder / "constants.pt")
     (folder / "explain.txt").write_text(f"{label or 'graph'}\n{explanation}\n")
     (folder / "graph.html").write_text(_picture(gm, explanation, opt, cpu, label))
     return folder
 
-
-def _attribute(gm: fx.GraphModule, target: str) -> Any:
-    value: Any = gm
-    for name in target.split("."):
-        value = getattr(value, name)
-    return value
 
 
 def _hint(size: Any) -> int:

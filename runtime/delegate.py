@@ -141,7 +141,7 @@ def _constants_inside(outer: fx.GraphModule, call: fx.Node, part: fx.GraphModule
         if not (isinstance(arg, fx.Node) and arg.op == "get_attr"):
             kept.append(arg)
             continue
-        part.register_buffer(arg.target.replace(".", "_"), _attribute(outer, arg.target))
+        part.register_buffer(arg.target.replace(".", "_"), operator.attrgetter(arg.target)(outer))
         with part.graph.inserting_before(placeholder):
             constant = part.graph.get_attr(arg.target.replace(".", "_"))
         constant.meta = dict(placeholder.meta)
@@ -153,12 +153,6 @@ def _constants_inside(outer: fx.GraphModule, call: fx.Node, part: fx.GraphModule
     outer.graph.eliminate_dead_code()
     outer.recompile()
 
-
-def _attribute(gm: fx.GraphModule, target: str) -> Any:
-    value: Any = gm
-    for name in target.split("."):
-        value = getattr(value, name)
-    return value
 
 
 def _ops(gm: fx.GraphModule) -> list[fx.Node]:

@@ -14,6 +14,7 @@ import contextlib
 import functools
 import inspect
 import itertools
+import operator
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -358,7 +359,7 @@ def _bound_values(gm: fx.GraphModule, args: list[Any]) -> dict[fx.Node, Any]:
     """The real value behind each placeholder and tensor get_attr node of `gm`."""
     bound: dict[fx.Node, Any] = dict(zip(gm.graph.find_nodes(op="placeholder"), args, strict=True))
     for node in gm.graph.find_nodes(op="get_attr"):
-        value = _fetch_attr(gm, node.target)
+        value = operator.attrgetter(node.target)(gm)
         if isinstance(value, torch.Tensor):
             bound[node] = value
     for node, value in bound.items():
@@ -406,12 +407,6 @@ def _bind_new_placeholders(
             first.prepend(node)
     return env
 
-
-def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
-    value: Any = gm
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
 
 
 def _state_order(fn: Callable[..., Any] | torch.nn.Module) -> dict[int, int]:
