@@ -70,6 +70,11 @@ def table() -> dict[str, Cpu]:
     return {name: Cpu(**fields) for name, fields in CPUS.items()}
 
 
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def host_arch() -> str:
     """This machine's architecture as the table names it."""
     machine = platform.machine().lower()

@@ -19,7 +19,7 @@ from pathlib import Path
 from mlir import ir
 from mlir.dialects import llvm
 
-from ..cpu import Cpu, host_arch
+from ..cpu import Cpu, cores, host_arch
 from ..errors import CompileError
 
 TIMEOUT = 900  # seconds for one tool run (llc on a large model takes a minute)
@@ -114,7 +114,7 @@ def compile_jobs() -> int:
             return max(1, int(os.environ[ENV_JOBS]))
         except ValueError:
             raise CompileError(f"{ENV_JOBS}={os.environ[ENV_JOBS]!r} is not a number of processes") from None
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cores()
 
 
 def machine_code(text: str, work: Path, cpu: Cpu, jobs: int | None = None) -> list[Path]:

@@ -58,7 +58,7 @@ from collections.abc import Callable, Sequence
 from mlir import ir
 from mlir.dialects import arith, linalg, scf, tensor
 
-from ..cpu import Cpu, select
+from ..cpu import Cpu, cores, select
 from ..internal import blaming
 from . import vecmath
 from .convolutions import CONV as _CONV
@@ -313,11 +313,11 @@ def _parallel_worth(loops: tuple[Extent, ...], batch: int) -> bool:
 
 def threads() -> int:
     """How many OpenMP threads run a parallel region: OMP_NUM_THREADS (its first level) if set,
-    else one per core this process may run on, as the OpenMP runtime decides."""
+    else one per core this process may run on (`cpu.cores`), as the OpenMP runtime decides."""
     setting = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
     if setting.isdigit() and int(setting) > 0:
         return int(setting)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cores()
 
 
 def thread_split(op: ir.Operation, tiling: Tiling, chunks: int) -> tuple[int, ...]:
