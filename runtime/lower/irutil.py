@@ -63,3 +63,16 @@ def run_passes(module: ir.Module, pipeline: str) -> None:
     pm = PassManager.parse(pipeline, context=module.context)
     pm.enable_verifier(False)
     pm.run(module.operation)
+
+
+def static_shape(value: ir.Value) -> list[int] | None:
+    """The shape of a ranked tensor value, or None if a dimension is dynamic."""
+    t = ir.RankedTensorType(value.type)
+    return None if not t.has_static_shape else list(t.shape)
+
+
+def map_dims(op: ir.Operation) -> list[list[int]]:
+    """For each operand of a linalg generic (whose maps are projected permutations), the loops
+    it is indexed by."""
+    return [[ir.AffineDimExpr(e).position for e in ir.AffineMapAttr(m).value.results]
+            for m in ir.ArrayAttr(op.attributes["indexing_maps"])]

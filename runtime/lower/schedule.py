@@ -61,11 +61,12 @@ from mlir.dialects import arith, linalg, scf, tensor
 from ..cpu import Cpu, cores, select
 from ..internal import blaming
 from . import vecmath
+from .contractions import normalize, sum_of_products
 from .convolutions import CONV as _CONV
 from .convolutions import CONV_HWCF as _CONV_HWCF
 from .convolutions import DEPTHWISE as _DEPTHWISE
 from .convolutions import pads_in_place
-from .irutil import find_ops, run_passes
+from .irutil import find_ops, map_dims, run_passes
 from .tiles import Tiles, derive
 
 _CONTRACTIONS = {"linalg.batch_matmul": 1, "linalg.matmul": 0}  # op -> number of batch loops
@@ -156,6 +157,7 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
     tiles = derive(cpu)
     split_prologues(module)
     collapse_reductions(module)
+    normalize(module)
     pads_in_place(module)
     pack_panels(module, parallel, tiles)
     chunks = threads() if parallel else 1
@@ -285,9 +287,9 @@ def _dot_form(op: ir.Operation, transpose: ir.Operation) -> None:
 def _dot_loops(op: ir.Operation) -> tuple[int, int] | None:
     """The (n, k) loops of a vector-matrix product in dot form (`_dot_form`'s generics: every
     input read along the one reduction loop k, the innermost; the output one row), else None."""
-    if _sum_of_products(op) is None:
+    if sum_of_products(op) is None:
         return None
-    maps = _map_dims(op)
+    maps = map_dims(op)
     rank = len(ir.ArrayAttr(op.attributes["iterator_types"]))
     k = rank - 1
     kinds = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
@@ -555,10 +557,10 @@ def _broadcast_product_to_scalar(op: ir.Operation) -> bool:
     """A sum of products into a 0-d result with an input broadcast along a loop (`(x * w).sum()`,
     w of fewer dims): vectorized, MLIR's contraction patterns cast its scalar accumulator to a
     vector and abort the process (found by tests/test_pipeline_fuzz.py). It stays loops."""
-    if _sum_of_products(op) is None or _map_dims(op)[-1]:
+    if sum_of_products(op) is None or map_dims(op)[-1]:
         return False
     n_loops = len(ir.ArrayAttr(op.attributes["iterator_types"]))
-    return any(len(dims) < n_loops for dims in _map_dims(op)[:-1])
+    return any(len(dims) < n_loops for dims in map_dims(op)[:-1])
 
 
 def _peel_rows(n: Extent, rows: int) -> bool:
@@ -592,10 +594,10 @@ def _generic_contraction(op: ir.Operation) -> tuple[int, int] | None:
     innermost dimension and m the one before it; an input read along n must run along it
     contiguously, as the register tile needs.
     """
-    mul = _sum_of_products(op)
+    mul = sum_of_products(op)
     if mul is None:
         return None
-    maps = _map_dims(op)
+    maps = map_dims(op)
     if len(maps[-1]) < 2:
         return None
     m, n = maps[-1][-2:]
@@ -606,31 +608,13 @@ def _generic_contraction(op: ir.Operation) -> tuple[int, int] | None:
     return m, n
 
 
-def _sum_of_products(op: ir.Operation) -> ir.Operation | None:
-    """The multiplication of a generic reduction whose body ends in `out + x * y`, with the
-    output read nowhere else, else None."""
-    if op.name != "linalg.generic" or "reduction" not in str(op.attributes["iterator_types"]):
-        return None
-    block = op.regions[0].blocks[0]
-    body = list(block.operations)
-    if len(body) < 3:
-        return None
-    mul, add, end = body[-3:]
-    if (mul.name, add.name) not in (("arith.mulf", "arith.addf"), ("arith.muli", "arith.addi")):
-        return None
-    out = block.arguments[len(block.arguments) - 1]
-    if end.operands[0] != add.results[0] or {add.operands[0], add.operands[1]} != {mul.results[0], out}:
-        return None
-    if any(out in list(inner.operands) for inner in body[:-2]):
-        return None
-    return mul
 
 
 def _broadcast_inputs(op: ir.Operation, m: int, n: int) -> bool:
     """Whether an input of a generic contraction is indexed by fewer loops than a matmul factor
     (every loop but n, or every loop but m)."""
     every = set(range(len(ir.ArrayAttr(op.attributes["iterator_types"]))))
-    return any(set(dims) not in (every - {n}, every - {m}) for dims in _map_dims(op)[:-1])
+    return any(set(dims) not in (every - {n}, every - {m}) for dims in map_dims(op)[:-1])
 
 
 def split_prologues(module: ir.Module) -> None:
@@ -646,12 +630,12 @@ def _split_prologue(op: ir.Operation) -> None:
     x (read along every loop but n) and y (every loop but m, n innermost) become tensors; a
     factor that is an input as it is stays that input.
     """
-    mul = _sum_of_products(op)
+    mul = sum_of_products(op)
     block = op.regions[0].blocks[0]
     if mul is None or len(list(block.operations)) <= 3:
         return
     add = list(block.operations)[-2]
-    maps = _map_dims(op)
+    maps = map_dims(op)
     n_loops = len(ir.ArrayAttr(op.attributes["iterator_types"]))
     if len(maps[-1]) < 2:
         return
@@ -690,9 +674,9 @@ def collapse_reductions(module: ir.Module) -> None:
 
 
 def _rewrite_contractions(module: ir.Module, rewrite: Callable[[ir.Operation], None]) -> None:
-    """Apply `rewrite` to each generic contraction (`_sum_of_products`) of `module`."""
+    """Apply `rewrite` to each generic contraction (`sum_of_products`) of `module`."""
     with module.context, ir.Location.unknown():
-        for op in find_ops(module, lambda op: _sum_of_products(op) is not None):
+        for op in find_ops(module, lambda op: sum_of_products(op) is not None):
             with blaming(op):
                 rewrite(op)
 
@@ -709,7 +693,7 @@ def _collapse_reductions(op: ir.Operation) -> None:
         return  # a prologue computes the factors
     iterators = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
     reductions = [d for d, kind in enumerate(iterators) if "reduction" in kind]
-    maps = _map_dims(op)
+    maps = map_dims(op)
     if len(reductions) < 2 or any(d in maps[-1] for d in reductions):
         return
     run: list[int] | None = None
@@ -766,7 +750,7 @@ def _materialize(op: ir.Operation, value: ir.Value, domain: list[int]) -> ir.Val
     """A new elementwise generic over the loops `domain` (in that order) computing the body
     value `value` of generic `op`, before `op`; its result tensor."""
     block = op.regions[0].blocks[0]
-    maps = _map_dims(op)
+    maps = map_dims(op)
     operands = list(op.operands)
     sizes = _generic_loop_sizes(op)
     args = _arguments_of(value, block)
@@ -830,7 +814,7 @@ def _replace_with_contraction(op: ir.Operation, inputs: list[ir.Value], dims: li
     loops `dims`, the output along `out_dims`, over the loops `iterators` (by default `op`'s
     own). x and y are `factors`: an input's position (by default the first two), or a value
     defined above the op."""
-    maps = _map_dims(op)
+    maps = map_dims(op)
     iterators = iterators or op.attributes["iterator_types"]
     n_loops = len(ir.ArrayAttr(iterators))
     init = list(op.operands)[len(maps) - 1]
@@ -861,16 +845,12 @@ def _transposed_inner_loop(op: ir.Operation, n_loops: int) -> int | None:
     if op.name != "linalg.generic":
         return None
     last = n_loops - 1
-    for dims in _map_dims(op):
+    for dims in map_dims(op):
         if last in dims and dims[-1] != last:  # reads or writes along the innermost loop with a stride
             return dims[-1]
     return None
 
 
-def _map_dims(op: ir.Operation) -> list[list[int]]:
-    """For each operand of a generic (whose maps are projected permutations), the loops it is indexed by."""
-    return [[ir.AffineDimExpr(e).position for e in ir.AffineMapAttr(m).value.results]
-            for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
 
 
 def _loop_sizes(op: ir.Operation) -> tuple[Extent, ...] | None:
@@ -919,7 +899,7 @@ def _generic_loop_sizes(op: ir.Operation) -> dict[int, Extent]:
     """The size of each loop of a generic (whose maps are projected permutations) that indexes
     a ranked operand: None if every operand indexed by it has a dynamic size there."""
     sizes: dict[int, Extent] = {}
-    for value, dims in zip(op.operands, _map_dims(op), strict=True):
+    for value, dims in zip(op.operands, map_dims(op), strict=True):
         shape = _shape(value) if isinstance(value.type, ir.RankedTensorType) else []
         for d, size in zip(dims, shape, strict=True):
             if sizes.get(d) is None:
@@ -936,7 +916,7 @@ def _shape(value: ir.Value) -> list[Extent]:
 def _loop_dim_sources(op: ir.Operation) -> dict[int, tuple[ir.Value, int]]:
     """For each loop of a generic, an operand and the dimension of it that the loop runs along."""
     found: dict[int, tuple[ir.Value, int]] = {}
-    for value, dims in zip(op.operands, _map_dims(op), strict=True):
+    for value, dims in zip(op.operands, map_dims(op), strict=True):
         if isinstance(value.type, ir.RankedTensorType):
             for i, d in enumerate(dims):
                 found.setdefault(d, (value, i))

@@ -1,0 +1,198 @@
+"""Contractions in the form the schedule packs: named matmuls of 2-D (or 3-D batched) operands.
+
+The schedule packs the second operand of a named `linalg.matmul`/`batch_matmul` into column
+panels, transposing nn.Linear's weight panel by panel (`schedule.pack_panels`). Two things
+between TOSA and the schedule hide that form:
+
+- Elementwise fusion moves reshapes through a matmul: nn.Linear on a `[1, 7, 7, C]` input (a
+  ConvNeXt block) or `[B, S, C]` tokens is `tosa.matmul` of the input reshaped to rows, and
+  fusion turns it into a generic over the rows' own dimensions (7, 7, n, k) that reads the
+  weight through a whole transpose. Packed as a matmul, ConvNeXt's stage-3 MLP ran 2.6x faster.
+- The weight's transpose picks up unit dimensions from the reshapes around it
+  (`[O, 1, K] -> [1, K, O]`), so the matmul's operand is a reshape of a transpose.
+
+`normalize(module)` rewrites each plain generic contraction of matmul form (`out + x * y`, x
+read along (batch..., rows..., k), y along (batch..., k, n) or (batch..., n, k)) as a named
+matmul of collapsed operands, y transposed by a `linalg.transpose` where it is read along k;
+drops unit dimensions from transposes; and makes batch matmuls of one matrix plain matmuls.
+Reshapes of contiguous tensors are free (views), and canonicalization cancels the pairs the
+rewrites leave.
+"""
+
+from __future__ import annotations
+
+import math
+
+from mlir import ir
+from mlir.dialects import linalg, tensor
+
+from ..internal import blaming
+from .irutil import find_ops, map_dims, run_passes, static_shape
+
+
+def normalize(module: ir.Module) -> None:
+    """Rewrite `module`'s contractions and transposes as the module docstring says."""
+    with module.context, ir.Location.unknown():
+        for op in find_ops(module, lambda op: op.name == "linalg.generic"):
+            with blaming(op):
+                _named_contraction(op)
+        for op in find_ops(module, lambda op: op.name == "linalg.transpose"):
+            _squeeze_transpose(op)
+        for op in find_ops(module, lambda op: op.name == "linalg.batch_matmul"):
+            _single_batch(op)
+    run_passes(module, "builtin.module(canonicalize,cse)")
+
+
+def sum_of_products(op: ir.Operation) -> ir.Operation | None:
+    """The multiplication of a generic reduction whose body ends in `out + x * y`, with the
+    output read nowhere else, else None."""
+    if op.name != "linalg.generic" or "reduction" not in str(op.attributes["iterator_types"]):
+        return None
+    block = op.regions[0].blocks[0]
+    body = list(block.operations)
+    if len(body) < 3:
+        return None
+    mul, add, end = body[-3:]
+    if (mul.name, add.name) not in (("arith.mulf", "arith.addf"), ("arith.muli", "arith.addi")):
+        return None
+    out = block.arguments[len(block.arguments) - 1]
+    if end.operands[0] != add.results[0] or {add.operands[0], add.operands[1]} != {mul.results[0], out}:
+        return None
+    if any(out in list(inner.operands) for inner in body[:-2]):
+        return None
+    return mul
+
+
+def _named_contraction(op: ir.Operation) -> None:
+    """Replace a plain f32 generic contraction of matmul form by a named matmul (see the module
+    docstring); leave any other generic as it is."""
+    mul = sum_of_products(op)
+    block = op.regions[0].blocks[0]
+    if mul is None or mul.name != "arith.mulf" or len(list(block.operations)) != 3 or len(block.arguments) != 3:
+        return
+    if {mul.operands[0], mul.operands[1]} != {block.arguments[0], block.arguments[1]}:
+        return
+    if any(not isinstance(a.type, ir.F32Type) for a in block.arguments):
+        return
+    kinds = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+    reductions = [d for d, kind in enumerate(kinds) if "reduction" in kind]
+    if len(reductions) != 1:
+        return
+    k = reductions[0]
+    *inputs, out = map_dims(op)
+    if len(out) < 2:
+        return
+    n = out[-1]
+    with_n = [i for i, dims in enumerate(inputs) if n in dims]
+    if len(with_n) != 1:
+        return
+    x, y = 1 - with_n[0], with_n[0]
+    batch = len(inputs[y]) - 2
+    if batch < 0 or inputs[x] != [*out[:-1], k] or inputs[y][:batch] != out[:batch]:
+        return
+    if inputs[y][batch:] not in ([k, n], [n, k]) or batch == len(out) - 1:
+        return
+    operands = list(op.operands)
+    lhs, rhs, init = operands[x], operands[y], operands[2]
+    shapes = [static_shape(v) for v in (lhs, rhs, init)]
+    if any(s is None for s in shapes):
+        return  # dynamic: left to the generic contraction's tile
+    out_shape = shapes[2]
+    b = math.prod(out_shape[:batch])
+    groups = ([list(range(batch))] if b > 1 else []) + [list(range(batch, len(out) - 1)), [len(out) - 1]]
+    if b == 1 and batch:
+        groups[0] = list(range(batch)) + groups[0]  # unit batch dimensions join the rows
+    with ir.InsertionPoint(op), op.location:
+        lhs = _collapse(lhs, [*groups[:-1], [len(out) - 1]])
+        init = _collapse(init, groups)
+        rhs_groups = ([list(range(batch))] if b > 1 else []) + [[batch], [batch + 1]]
+        if b == 1 and batch:
+            rhs_groups = [list(range(batch + 1)), [batch + 1]]
+        rhs = _collapse(rhs, rhs_groups)
+        if inputs[y][batch:] == [n, k]:
+            rhs = _transpose(rhs, [0, 2, 1] if b > 1 else [1, 0])
+        named = _value((linalg.batch_matmul if b > 1 else linalg.matmul)(lhs, rhs, outs=[init]))
+        result = _expand(named, groups, out_shape)
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
+
+
+def _squeeze_transpose(op: ir.Operation) -> None:
+    """Replace a static transpose with unit dimensions by the transpose of the others between
+    reshapes: `[O, 1, K] -> [1, K, O]` becomes `[O, K] -> [K, O]`, so a matmul sees its operand's
+    transpose once canonicalization cancels the reshapes."""
+    source, shape, out_shape = op.operands[0], static_shape(op.operands[0]), static_shape(op.results[0])
+    if shape is None or 1 not in shape or all(s == 1 for s in shape):
+        return
+    perm = list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
+    kept = [d for d, s in enumerate(shape) if s != 1]
+    squeezed = [kept.index(p) for p in perm if shape[p] != 1]
+    with ir.InsertionPoint(op), op.location:
+        value = _collapse(source, _unit_groups(shape))
+        if squeezed != sorted(squeezed):
+            value = _transpose(value, squeezed)
+        result = _expand(value, _unit_groups(out_shape), out_shape)
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
+
+
+def _single_batch(op: ir.Operation) -> None:
+    """Replace a batch matmul of one static matrix by a matmul."""
+    lhs, rhs, init = list(op.operands)[:3]
+    out_shape = static_shape(init)
+    if out_shape is None or out_shape[0] != 1:
+        return
+    groups = [[0, 1], [2]]
+    with ir.InsertionPoint(op), op.location:
+        named = _value(linalg.matmul(*(_collapse(v, groups) for v in (lhs, rhs)), outs=[_collapse(init, groups)]))
+        result = _expand(named, groups, out_shape)
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
+
+
+def _unit_groups(shape: list[int]) -> list[list[int]]:
+    """The reassociation that drops `shape`'s unit dimensions: each joins the next other
+    dimension (trailing ones the last)."""
+    groups: list[list[int]] = []
+    pending: list[int] = []
+    for d, s in enumerate(shape):
+        pending.append(d)
+        if s != 1:
+            groups.append(pending)
+            pending = []
+    if pending:
+        groups[-1] += pending
+    return groups
+
+
+def _collapse(value: ir.Value, groups: list[list[int]]) -> ir.Value:
+    """`value` (static shape) with each group of dimensions merged into one."""
+    shape = static_shape(value)
+    if all(len(g) == 1 for g in groups):
+        return value
+    t = ir.RankedTensorType(value.type)
+    result = ir.RankedTensorType.get([math.prod(shape[d] for d in g) for g in groups], t.element_type)
+    return tensor.CollapseShapeOp(result, value, groups).result
+
+
+def _expand(value: ir.Value, groups: list[list[int]], shape: list[int]) -> ir.Value:
+    """`value` expanded back to `shape` by `groups` (the inverse of `_collapse`)."""
+    if all(len(g) == 1 for g in groups):
+        return value
+    t = ir.RankedTensorType.get(shape, ir.RankedTensorType(value.type).element_type)
+    return tensor.ExpandShapeOp(t, value, groups, [], shape).result
+
+
+def _transpose(value: ir.Value, perm: list[int]) -> ir.Value:
+    """`value` (static shape) transposed by `perm`."""
+    shape = static_shape(value)
+    empty = tensor.EmptyOp([shape[p] for p in perm], ir.RankedTensorType(value.type).element_type).result
+    return _value(linalg.transpose(value, outs=[empty], permutation=perm))
+
+
+def _value(built: ir.Value | ir.OpView | ir.OpResultList) -> ir.Value:
+    """The result of a linalg op built on tensors (the builders return the op, its results or
+    its value)."""
+    if isinstance(built, ir.Value):
+        return built
+    return built.results[0] if isinstance(built, ir.OpView) else built[0]
