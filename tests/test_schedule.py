@@ -22,6 +22,7 @@ from torchtosa.errors import CompileError
 from torchtosa.execute import native as execute
 from torchtosa.execute.native import _prepare
 from torchtosa.lower import contractions, pipeline, schedule, vecmath
+from torchtosa.lower.contractions import sum_of_products
 from torchtosa.lower.irutil import find_ops
 from torchtosa.lower.schedule import _column_divisor, _divisor, plan
 from torchtosa.lower.tiles import derive
@@ -172,7 +173,7 @@ def test_reduction_loops_read_as_one_run_are_merged(shape: tuple[int, ...]) -> N
     module = _linalg(model, x, stop_before="schedule")
 
     def generic_contractions() -> list[ir.Operation]:
-        return find_ops(module, lambda op: contractions.sum_of_products(op) is not None)
+        return find_ops(module, lambda op: sum_of_products(op) is not None)
 
     def reductions() -> list[int]:
         return [str(op.attributes["iterator_types"]).count("reduction") for op in generic_contractions()]
@@ -199,10 +200,10 @@ def test_sum_of_squares_over_several_dims_is_merged(shapes: tuple) -> None:
         return torch.nn.functional.rms_norm(a, normalized, b, eps=eps)
 
     module = _linalg(rms, x, w, stop_before="schedule")
-    squares = find_ops(module, lambda op: contractions.sum_of_products(op) is not None)
+    squares = find_ops(module, lambda op: sum_of_products(op) is not None)
     assert [str(op.attributes["iterator_types"]).count("reduction") for op in squares] == [len(normalized)]
     schedule.collapse_reductions(module)
-    squares = find_ops(module, lambda op: contractions.sum_of_products(op) is not None)
+    squares = find_ops(module, lambda op: sum_of_products(op) is not None)
     assert [str(op.attributes["iterator_types"]).count("reduction") for op in squares] == [1]
     for opt in pipeline.OPT_LEVELS:
         torch.testing.assert_close(torchtosa.compile(rms, x, w, opt=opt, fallback="error")(x, w), rms(x, w))
@@ -213,7 +214,15 @@ def test_linear_weight_is_transposed_panel_by_panel() -> None:
     reused for every panel."""
     linear = nn.Linear(48, 96).eval()
     x = torch.randn(32, 48)
-    module = _linalg(linear, x, stop_before="llvm")
+    shapes = _allocated(_linalg(linear, x, stop_before="llvm"))
+    assert not {"memref<48x96xf32>", "memref<1x48x96xf32>"} & set(shapes)  # the whole transposed weight
+    assert f"memref<48x{derive(select()).matmul[1]}xf32>" in shapes  # one panel (32 columns with AVX-512)
+    with torch.no_grad():
+        torch.testing.assert_close(torchtosa.compile(linear, x)(x), linear(x), rtol=1e-5, atol=1e-5)
+
+
+def _allocated(module: ir.Module) -> list[str]:
+    """The types of the buffers `module` (bufferized) allocates."""
     shapes: list[str] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
@@ -222,8 +231,25 @@ def test_linear_weight_is_transposed_panel_by_panel() -> None:
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
-    assert not {"memref<48x96xf32>", "memref<1x48x96xf32>"} & set(shapes)  # the whole transposed weight
-    assert f"memref<48x{derive(select()).matmul[1]}xf32>" in shapes  # one panel (32 columns with AVX-512)
+    return shapes
+
+
+@pytest.mark.parametrize("shape", [(1, 4, 6, 48), (1, 2, 3, 4, 48)])
+def test_linear_on_feature_map_is_a_packed_matmul(shape: tuple[int, ...]) -> None:
+    """nn.Linear on a [1, H, W, C] feature map (ConvNeXt's pointwise MLP): fusion moves the
+    reshape to rows through the matmul, leaving a generic over the rows' own dims that read the
+    whole transposed weight; `contractions.normalize` makes it a named matmul again, whose
+    weight is transposed panel by panel (stage-3 ConvNeXt MLP: 2.6x faster)."""
+    linear = nn.Linear(48, 96).eval()
+    x = torch.randn(*shape)
+    module = _linalg(linear, x, stop_before="schedule")
+    assert any(sum_of_products(op) is not None for op in find_ops(module, lambda op: op.name == "linalg.generic"))
+    contractions.normalize(module)
+    assert "linalg.matmul" in _ops(module)
+    assert not any(sum_of_products(op) is not None for op in find_ops(module, lambda op: op.name == "linalg.generic"))
+    shapes = _allocated(_linalg(linear, x, stop_before="llvm"))
+    assert not [s for s in shapes if "48x96" in s or "96x1x48" in s or "96x48" in s]  # the whole weight
+    assert f"memref<48x{derive(select()).matmul[1]}xf32>" in shapes  # one panel
     with torch.no_grad():
         torch.testing.assert_close(torchtosa.compile(linear, x)(x), linear(x), rtol=1e-5, atol=1e-5)
 

@@ -5,7 +5,7 @@ panels, transposing nn.Linear's weight panel by panel (`schedule.pack_panels`). 
 between TOSA and the schedule hide that form:
 
 - Elementwise fusion moves reshapes through a matmul: nn.Linear on a `[1, 7, 7, C]` input (a
-  ConvNeXt block) or `[B, S, C]` tokens is `tosa.matmul` of the input reshaped to rows, and
+  ConvNeXt block) is `tosa.matmul` of the input reshaped to rows, and
   fusion turns it into a generic over the rows' own dimensions (7, 7, n, k) that reads the
   weight through a whole transpose. Packed as a matmul, ConvNeXt's stage-3 MLP ran 2.6x faster.
 - The weight's transpose picks up unit dimensions from the reshapes around it
@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 
 from mlir import ir
-from mlir.dialects import linalg, tensor
+from mlir.dialects import arith, linalg, tensor
 
 from ..internal import blaming
 from .irutil import find_ops, map_dims, run_passes, static_shape
@@ -94,25 +94,24 @@ def _named_contraction(op: ir.Operation) -> None:
         return
     operands = list(op.operands)
     lhs, rhs, init = operands[x], operands[y], operands[2]
-    shapes = [static_shape(v) for v in (lhs, rhs, init)]
-    if any(s is None for s in shapes):
-        return  # dynamic: left to the generic contraction's tile
-    out_shape = shapes[2]
-    b = math.prod(out_shape[:batch])
-    groups = ([list(range(batch))] if b > 1 else []) + [list(range(batch, len(out) - 1)), [len(out) - 1]]
-    if b == 1 and batch:
-        groups[0] = list(range(batch)) + groups[0]  # unit batch dimensions join the rows
+    shape = _shape(init)
+    batch_sizes = shape[:batch]
+    b = None if None in batch_sizes else math.prod(batch_sizes)
+    rank = len(out)
+    rows = list(range(batch, rank - 1))
+    if b == 1:  # unit batch dimensions join the rows
+        groups, rhs_groups = [list(range(rank - 1)), [rank - 1]], [list(range(batch + 1)), [batch + 1]]
+    else:
+        groups = [list(range(batch)), rows, [rank - 1]] if batch else [rows, [rank - 1]]
+        rhs_groups = [list(range(batch)), [batch], [batch + 1]] if batch else [[0], [1]]
     with ir.InsertionPoint(op), op.location:
-        lhs = _collapse(lhs, [*groups[:-1], [len(out) - 1]])
-        init = _collapse(init, groups)
-        rhs_groups = ([list(range(batch))] if b > 1 else []) + [[batch], [batch + 1]]
-        if b == 1 and batch:
-            rhs_groups = [list(range(batch + 1)), [batch + 1]]
+        sizes = [_dim(init, d) for d in range(rank)]
+        lhs = _collapse(lhs, [*groups[:-1], [rank - 1]])
         rhs = _collapse(rhs, rhs_groups)
         if inputs[y][batch:] == [n, k]:
-            rhs = _transpose(rhs, [0, 2, 1] if b > 1 else [1, 0])
-        named = _value((linalg.batch_matmul if b > 1 else linalg.matmul)(lhs, rhs, outs=[init]))
-        result = _expand(named, groups, out_shape)
+            rhs = _transpose(rhs, [1, 0] if len(rhs_groups) == 2 else [0, 2, 1])
+        named = linalg.matmul if len(groups) == 2 else linalg.batch_matmul
+        result = _expand(_value(named(lhs, rhs, outs=[_collapse(init, groups)])), groups, sizes)
     op.results[0].replace_all_uses_with(result)
     op.erase()
 
@@ -137,15 +136,15 @@ def _squeeze_transpose(op: ir.Operation) -> None:
 
 
 def _single_batch(op: ir.Operation) -> None:
-    """Replace a batch matmul of one static matrix by a matmul."""
+    """Replace a batch matmul of one matrix by a matmul."""
     lhs, rhs, init = list(op.operands)[:3]
-    out_shape = static_shape(init)
-    if out_shape is None or out_shape[0] != 1:
+    if _shape(init)[0] != 1:
         return
     groups = [[0, 1], [2]]
     with ir.InsertionPoint(op), op.location:
+        sizes = [_dim(init, d) for d in range(3)]
         named = _value(linalg.matmul(*(_collapse(v, groups) for v in (lhs, rhs)), outs=[_collapse(init, groups)]))
-        result = _expand(named, groups, out_shape)
+        result = _expand(named, groups, sizes)
     op.results[0].replace_all_uses_with(result)
     op.erase()
 
@@ -165,28 +164,43 @@ def _unit_groups(shape: list[int]) -> list[list[int]]:
     return groups
 
 
+def _shape(value: ir.Value) -> list[int | None]:
+    """The shape of a ranked tensor value, None for each dynamic dimension."""
+    t = ir.RankedTensorType(value.type)
+    return [None if t.is_dynamic_dim(i) else t.shape[i] for i in range(t.rank)]
+
+
+def _dim(value: ir.Value, i: int) -> int | ir.Value:
+    """Dimension `i` of a ranked tensor: its static size, or a tensor.dim op's result (built at
+    the current insertion point)."""
+    size = _shape(value)[i]
+    return size if size is not None else tensor.DimOp(value, arith.ConstantOp(ir.IndexType.get(), i).result).result
+
+
 def _collapse(value: ir.Value, groups: list[list[int]]) -> ir.Value:
-    """`value` (static shape) with each group of dimensions merged into one."""
-    shape = static_shape(value)
+    """`value` with each group of dimensions merged into one (dynamic if one of them is)."""
     if all(len(g) == 1 for g in groups):
         return value
-    t = ir.RankedTensorType(value.type)
-    result = ir.RankedTensorType.get([math.prod(shape[d] for d in g) for g in groups], t.element_type)
+    shape = _shape(value)
+    merged = [None if any(shape[d] is None for d in g) else math.prod(shape[d] for d in g) for g in groups]
+    result = ir.RankedTensorType.get([ir.ShapedType.get_dynamic_size() if m is None else m for m in merged],
+                                     ir.RankedTensorType(value.type).element_type)
     return tensor.CollapseShapeOp(result, value, groups).result
 
 
-def _expand(value: ir.Value, groups: list[list[int]], shape: list[int]) -> ir.Value:
-    """`value` expanded back to `shape` by `groups` (the inverse of `_collapse`)."""
+def _expand(value: ir.Value, groups: list[list[int]], sizes: list[int | ir.Value]) -> ir.Value:
+    """`value` expanded by `groups` to `sizes` (ints, or index values for dynamic sizes): the
+    inverse of `_collapse`."""
     if all(len(g) == 1 for g in groups):
         return value
-    t = ir.RankedTensorType.get(shape, ir.RankedTensorType(value.type).element_type)
-    return tensor.ExpandShapeOp(t, value, groups, [], shape).result
+    static = [ir.ShapedType.get_dynamic_size() if isinstance(d, ir.Value) else d for d in sizes]
+    t = ir.RankedTensorType.get(static, ir.RankedTensorType(value.type).element_type)
+    return tensor.ExpandShapeOp(t, value, groups, [d for d in sizes if isinstance(d, ir.Value)], static).result
 
 
 def _transpose(value: ir.Value, perm: list[int]) -> ir.Value:
-    """`value` (static shape) transposed by `perm`."""
-    shape = static_shape(value)
-    empty = tensor.EmptyOp([shape[p] for p in perm], ir.RankedTensorType(value.type).element_type).result
+    """`value` transposed by `perm`."""
+    empty = tensor.EmptyOp([_dim(value, p) for p in perm], ir.RankedTensorType(value.type).element_type).result
     return _value(linalg.transpose(value, outs=[empty], permutation=perm))
 
 
