@@ -254,6 +254,41 @@ def test_linear_on_feature_map_is_a_packed_matmul(shape: tuple[int, ...]) -> Non
         torch.testing.assert_close(torchtosa.compile(linear, x)(x), linear(x), rtol=1e-5, atol=1e-5)
 
 
+class _ProjectionAndScores(nn.Module):
+    """A projection of 132 rows (6-row tiles) and attention scores of 33 queries (peeled)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.proj(x)
+        z = y.view(4, 33, 64)
+        return y, z @ z.transpose(1, 2)
+
+
+def test_matmul_tiles_are_fmas_beside_peeled_ones() -> None:
+    """A function with peeled tiles is canonicalized before the others are lowered; a 6-row
+    matmul tile vectorized before that must still become a contraction (FMAs), not multiplies
+    and adds of shuffled 2-D vectors (an encoder layer on 33 tokens ran 1.6x slower than eager)."""
+    model = _ProjectionAndScores().eval()
+    x = torch.randn(132, 64)
+    module = _linalg(model, x, stop_before="bufferize")
+    products: list[ir.Type] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "arith.mulf":
+            products.append(op.results[0].type)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    assert not [t for t in products if isinstance(t, ir.VectorType) and ir.VectorType(t).rank > 1]
+    assert "vector.fma" in _ops(module)
+    with torch.no_grad():
+        for got, want in zip(torchtosa.compile(model, x)(x), model(x), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_intermediate_buffers_share_one_arena() -> None:
     """opt="default" passes all intermediate buffers as one byte buffer (one argument)."""
     model, inputs = MODELS["encoder"]()
