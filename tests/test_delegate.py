@@ -84,3 +84,65 @@ def test_partition_needs_a_target_and_something_to_delegate() -> None:
         torchtosa.to_tosa(lambda t: t * 2, ids, partition=True)
     with pytest.raises(torchtosa.Unsupported, match=r"no op of the graph can run on TOSA-1\.0\+FP"):
         torchtosa.to_tosa(lambda t: t * 2 + 1, ids, target="TOSA-1.0+FP", partition=True)  # int64 math
+
+
+class _Bert(nn.Module):
+    """A tiny BERT encoder (random weights) on token ids: its last hidden state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers import BertConfig, BertModel
+
+        config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                            intermediate_size=64, max_position_embeddings=32, attn_implementation="eager")
+        self.bert = BertModel(config, add_pooling_layer=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.bert(input_ids=ids).last_hidden_state
+
+
+def test_an_int8_bert_keeps_only_its_embedding_lookup_on_the_host() -> None:
+    """Issue 30: a PT2E-quantized BERT encoder under TOSA-1.0+INT delegates everything after the
+    word embedding lookup (position and type embeddings, layer norms, attention, GELU, residuals)
+    as one integer program; the host keeps the lookup and the quantize / dequantize at the edges.
+    The reference model and native code agree bit for bit, within a quantum of PyTorch."""
+    torch.manual_seed(0)
+    model = _Bert().eval()
+    ids = torch.randint(0, 100, (1, 16))
+    ep = quantize(model, (ids,), [(torch.randint(0, 100, (1, 16)),) for _ in range(4)])
+    delegation = torchtosa.to_tosa(ep, target="TOSA-1.0+INT", freeze=True, partition=True)
+    assert sorted(h.op for h in delegation.host_ops) == ["aten.embedding.default",
+                                                         "quantized_decomposed.dequantize_per_tensor.default",
+                                                         "quantized_decomposed.quantize_per_tensor.default"]
+    program = delegation.program
+    assert program.groups and all(g.path == "integer" for g in program.groups)
+    program.target.validate(program.module)
+    x = torch.randint(0, 100, (1, 16))
+    (reference,), (native,) = delegation(x), delegation(x, run=_native)
+    assert torch.equal(reference, native)
+    scale = float(delegation.host.graph.output_node().args[0][0].args[1])  # the output dequantize's scale
+    assert ((reference - ep.module()(x)).abs() <= scale * 1.01).all()
+
+
+class _BertEncoder(nn.Module):
+    """_Bert's encoder layers alone: hidden states in, last hidden state out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = _Bert().bert.encoder
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.encoder(h).last_hidden_state
+
+
+def test_an_int8_bert_encoder_is_all_tosa_int() -> None:
+    """Issue 30: BERT's encoder layers (hidden states in) lower whole to TOSA-1.0+INT: every group
+    integer, only torchtosa's quantized ops served (no float op, no Q/DQ left)."""
+    torch.manual_seed(0)
+    model = _BertEncoder().eval()
+    h = torch.randn(1, 16, 32)
+    ep = quantize(model, (h,), [(torch.randn(1, 16, 32),) for _ in range(4)])
+    program = torchtosa.to_tosa(ep, target="TOSA-1.0+INT", freeze=True)
+    assert program.groups and all(g.path == "integer" for g in program.groups)
+    assert all(op.startswith("torchtosa.q") for op, _ in program.served), program.served
+    program.target.validate(program.module)
