@@ -30,6 +30,7 @@ import torch
 from torch._decomp import core_aten_decompositions
 
 from ..errors import Unsupported
+from .resizes import keep_nearest
 
 __all__ = ["DECOMPOSITIONS"]
 
@@ -247,4 +248,5 @@ DECOMPOSITIONS = {
     aten.convolution_backward.default: _convolution_backward,
     aten.max_pool2d_with_indices_backward.default: _max_pool2d_backward,
     aten._transformer_encoder_layer_fwd.default: _encoder_layer_fwd,
+    aten.upsample_nearest2d.default: keep_nearest,  # one tosa.resize where it reproduces torch
 }

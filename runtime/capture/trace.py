@@ -34,6 +34,7 @@ from torch.fx.experimental.symbolic_shapes import has_free_symbols
 
 from ..errors import InvalidInput, TorchTosaError, Unsupported
 from ..options import Options
+from . import resizes
 from .decompositions import DECOMPOSITIONS
 from .outline import inline_subgraphs, outlined, repeated_layers
 
@@ -136,7 +137,7 @@ def _traced(fn: Callable[..., Any] | torch.nn.Module, args: tuple[Any, ...],
     inputs = [x for x in leaves if isinstance(x, torch.Tensor)]
     rec = _Recorder()
     compiled = torch.compile(_trampoline, backend=rec.backend, fullgraph=True, dynamic=False)
-    with torch.no_grad(), mha_fastpath_disabled(), translated_dynamo_errors():
+    with torch.no_grad(), mha_fastpath_disabled(), resizes.kept(), translated_dynamo_errors():
         try:
             result = compiled(fn, *args, **kwargs)
         finally:
@@ -242,17 +243,18 @@ def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]
         def compiler(kind: str) -> Callable[..., Any]:
             return functools.partial(graph_compiler, options=chosen, name=f"{kind} graph {index}", inputs=inputs)
 
-        return aot_module_simplified(
-            gm,
-            example_inputs,
-            fw_compiler=compiler("forward"),
-            bw_compiler=compiler("backward"),
-            inference_compiler=compiler("inference"),
-            decompositions=DECOMPOSITIONS,
-            # updates of inputs stay in the graph as copy_ nodes, to be written in place
-            # by the eager fallback (state.py) rather than copied whole by AOTAutograd
-            keep_inference_input_mutations=chosen.fallback == "eager",
-        )
+        with resizes.kept():
+            return aot_module_simplified(
+                gm,
+                example_inputs,
+                fw_compiler=compiler("forward"),
+                bw_compiler=compiler("backward"),
+                inference_compiler=compiler("inference"),
+                decompositions=DECOMPOSITIONS,
+                # updates of inputs stay in the graph as copy_ nodes, to be written in place
+                # by the eager fallback (state.py) rather than copied whole by AOTAutograd
+                keep_inference_input_mutations=chosen.fallback == "eager",
+            )
 
     return backend
 
