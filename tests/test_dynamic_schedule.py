@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 from mlir import ir
+from test_schedule import _allocated
 from torch import nn
 
 import torchtosa
@@ -44,16 +45,16 @@ def _loop_depth(op: ir.Operation) -> int:
                 for region in op.regions for block in region.blocks for child in block.operations), default=0)
 
 
-def _spy(monkeypatch: pytest.MonkeyPatch, summary: Callable[[ir.Module], Any]) -> list[Any]:
-    """`summary` of each module lowered from now on, after the schedule stage (none comes from
-    the in-memory cache)."""
+def _spy(monkeypatch: pytest.MonkeyPatch, summary: Callable[[ir.Module], Any], until: str = "bufferize") -> list[Any]:
+    """`summary` of each module lowered from now on, lowered up to the stage `until` (by default
+    just after the schedule; none comes from the in-memory cache)."""
     CACHE.clear()
     seen: list[Any] = []
     lower = execute.lower
 
     def spy(module: ir.Module, opt: str = "default", stop_before: str | None = None, **kwargs: Any) -> Any:
         copy = ir.Module.parse(str(module), context=module.context)
-        pipeline.lower(copy, opt, stop_before="bufferize", **kwargs)
+        pipeline.lower(copy, opt, stop_before=until, **kwargs)
         seen.append(summary(copy))
         return lower(module, opt, stop_before, **kwargs)
 
@@ -167,25 +168,7 @@ def test_linear_of_dynamic_rows_transposes_its_weight_panel_by_panel(monkeypatch
     ([O, 1, K] -> [1, K, O], a batch matmul of one matrix); the schedule still packs it panel by
     panel (`contractions.normalize`), never transposing the whole weight per call (which made
     the dynamic MLP 2x slower than the static one)."""
-    CACHE.clear()
-    buffers: list[list[str]] = []
-    lower = execute.lower
-
-    def spy(module: ir.Module, opt: str = "default", stop_before: str | None = None, **kwargs: Any) -> Any:
-        copy = ir.Module.parse(str(module), context=module.context)
-        pipeline.lower(copy, opt, stop_before="llvm", **kwargs)
-        found: list[str] = []
-
-        def visit(op: ir.Operation) -> ir.WalkResult:
-            if op.name in ("memref.alloc", "memref.view"):
-                found.append(str(op.results[0].type))
-            return ir.WalkResult.ADVANCE
-
-        copy.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
-        buffers.append(found)
-        return lower(module, opt, stop_before, **kwargs)
-
-    monkeypatch.setattr(execute, "lower", spy)
+    buffers = _spy(monkeypatch, _allocated, until="llvm")
     _run(_linear(), lambda n: (torch.randn(n, 40),), [(0, 0)], [7, 33], "default")
     assert buffers
     for found in buffers:

@@ -24,10 +24,12 @@ from __future__ import annotations
 import math
 
 from mlir import ir
-from mlir.dialects import arith, linalg, tensor
+from mlir.dialects import linalg, tensor
 
 from ..internal import blaming
 from .irutil import find_ops, map_dims, run_passes, static_shape
+from .irutil import tensor_dim as _dim
+from .irutil import tensor_shape as _shape
 
 
 def normalize(module: ir.Module) -> None:
@@ -162,19 +164,6 @@ def _unit_groups(shape: list[int]) -> list[list[int]]:
     if pending:
         groups[-1] += pending
     return groups
-
-
-def _shape(value: ir.Value) -> list[int | None]:
-    """The shape of a ranked tensor value, None for each dynamic dimension."""
-    t = ir.RankedTensorType(value.type)
-    return [None if t.is_dynamic_dim(i) else t.shape[i] for i in range(t.rank)]
-
-
-def _dim(value: ir.Value, i: int) -> int | ir.Value:
-    """Dimension `i` of a ranked tensor: its static size, or a tensor.dim op's result (built at
-    the current insertion point)."""
-    size = _shape(value)[i]
-    return size if size is not None else tensor.DimOp(value, arith.ConstantOp(ir.IndexType.get(), i).result).result
 
 
 def _collapse(value: ir.Value, groups: list[list[int]]) -> ir.Value:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from mlir import ir
+from mlir.dialects import arith, tensor
 from mlir.passmanager import PassManager
 
 # The dialects torchtosa builds ops of from Python (importer, schedule, rewrites): loaded when a
@@ -63,6 +64,21 @@ def run_passes(module: ir.Module, pipeline: str) -> None:
     pm = PassManager.parse(pipeline, context=module.context)
     pm.enable_verifier(False)
     pm.run(module.operation)
+
+
+def tensor_shape(value: ir.Value) -> list[int | None]:
+    """The shape of a ranked tensor value, None for each dynamic dimension."""
+    t = ir.RankedTensorType(value.type)
+    return [None if t.is_dynamic_dim(i) else t.shape[i] for i in range(t.rank)]
+
+
+def tensor_dim(value: ir.Value, i: int) -> int | ir.Value:
+    """Dimension `i` of a ranked tensor: its static size, or a tensor.dim op's result (built at
+    the current insertion point)."""
+    size = tensor_shape(value)[i]
+    if size is not None:
+        return size
+    return tensor.DimOp(value, arith.ConstantOp(ir.IndexType.get(), i).result).result
 
 
 def static_shape(value: ir.Value) -> list[int] | None:

@@ -67,6 +67,8 @@ from .convolutions import CONV_HWCF as _CONV_HWCF
 from .convolutions import DEPTHWISE as _DEPTHWISE
 from .convolutions import pads_in_place
 from .irutil import find_ops, map_dims, run_passes
+from .irutil import tensor_dim as _dim
+from .irutil import tensor_shape as _shape
 from .tiles import Tiles, derive
 
 _CONTRACTIONS = {"linalg.batch_matmul": 1, "linalg.matmul": 0}  # op -> number of batch loops
@@ -907,12 +909,6 @@ def _generic_loop_sizes(op: ir.Operation) -> dict[int, Extent]:
     return sizes
 
 
-def _shape(value: ir.Value) -> list[Extent]:
-    """The shape of a ranked tensor value, None for each dynamic dimension."""
-    t = ir.RankedTensorType(value.type)
-    return [None if t.is_dynamic_dim(i) else t.shape[i] for i in range(t.rank)]
-
-
 def _loop_dim_sources(op: ir.Operation) -> dict[int, tuple[ir.Value, int]]:
     """For each loop of a generic, an operand and the dimension of it that the loop runs along."""
     found: dict[int, tuple[ir.Value, int]] = {}
@@ -921,15 +917,6 @@ def _loop_dim_sources(op: ir.Operation) -> dict[int, tuple[ir.Value, int]]:
             for i, d in enumerate(dims):
                 found.setdefault(d, (value, i))
     return found
-
-
-def _dim(value: ir.Value, i: int) -> int | ir.Value:
-    """Dimension `i` of a ranked tensor: its static size, or a tensor.dim op's result (built at
-    the current insertion point)."""
-    size = _shape(value)[i]
-    if size is not None:
-        return size
-    return tensor.DimOp(value, arith.ConstantOp(ir.IndexType.get(), i).result).result
 
 
 def _vector_element(t: ir.Type) -> bool:
