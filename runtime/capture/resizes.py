@@ -41,9 +41,7 @@ def resizable(input: torch.Tensor, size: list[Any], scales: list[float | None], 
     sizes = [*input.shape, *size]
     if input.dim() != 4 or input.dtype not in _TYPES or not all(type(s) is int for s in sizes):
         return False
-    if torch.is_grad_enabled() and input.requires_grad:
-        return False
-    if input.shape[0] * input.shape[1] == 0 or min(sizes) < 1:
+    if (torch.is_grad_enabled() and input.requires_grad) or min(sizes) < 1:  # min: no empty tensor
         return False
     return all(_axis(i, o, s, align_corners, nearest) for i, o, s in zip(input.shape[2:], size, scales, strict=True))
 
@@ -56,32 +54,28 @@ def _axis(in_size: int, out_size: int, scale: float | None, align_corners: bool,
         return bool(upsample_axis(in_size, out_size, scale, align_corners, nearest))
 
 
-def _nearest_vec(original: Callable[..., Any]) -> Callable[..., Any]:
-    def kernel(input: torch.Tensor, output_size: list[Any] | None, scale_factors: list[float] | None) -> Any:
-        size = upsample_compute_output_size(input.size(), output_size, scale_factors)
-        scales = list(scale_factors) if scale_factors else [None, None]
-        if len(size) == 2 and resizable(input, size, scales, False, True):
-            with torch._C._AutoDispatchBelowAutograd():  # past .default's own decomposition too
-                return aten.upsample_nearest2d.default(input, size, *scales)
-        return original(input, output_size, scale_factors)
+def _to_default(default: torch._ops.OpOverload, nearest: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A `.vec` overload's kernel calling `default` (its `.default` overload) where `resizable`,
+    else `original` (PyTorch's decomposition). The `.vec` arguments: input, output_size, then
+    align_corners for bilinear, and scale_factors."""
 
-    return kernel
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+        def kernel(input: torch.Tensor, output_size: list[Any] | None, *rest: Any) -> Any:
+            *corners, scale_factors = rest
+            size = upsample_compute_output_size(input.size(), output_size, scale_factors)
+            scales = list(scale_factors) if scale_factors else [None, None]
+            if len(size) == 2 and resizable(input, size, scales, bool(corners and corners[0]), nearest):
+                with torch._C._AutoDispatchBelowAutograd():  # past .default's own decomposition too
+                    return default(input, size, *corners, *scales)
+            return original(input, output_size, *rest)
 
+        return kernel
 
-def _bilinear_vec(original: Callable[..., Any]) -> Callable[..., Any]:
-    def kernel(input: torch.Tensor, output_size: list[Any] | None, align_corners: bool,
-               scale_factors: list[float] | None) -> Any:
-        size = upsample_compute_output_size(input.size(), output_size, scale_factors)
-        scales = list(scale_factors) if scale_factors else [None, None]
-        if len(size) == 2 and resizable(input, size, scales, align_corners, False):
-            with torch._C._AutoDispatchBelowAutograd():
-                return aten.upsample_bilinear2d.default(input, size, align_corners, *scales)
-        return original(input, output_size, align_corners, scale_factors)
-
-    return kernel
+    return wrap
 
 
-_KERNELS = {aten.upsample_nearest2d.vec: _nearest_vec, aten.upsample_bilinear2d.vec: _bilinear_vec}
+_KERNELS = {aten.upsample_nearest2d.vec: _to_default(aten.upsample_nearest2d.default, True),
+            aten.upsample_bilinear2d.vec: _to_default(aten.upsample_bilinear2d.default, False)}
 # Python kernels set aside while kept: below autograd (where the kernels above call the .default
 # overloads) nearest's composite kernel would decompose it before the tracer sees it
 _SET_ASIDE = ((aten.upsample_nearest2d.default, DispatchKey.CompositeImplicitAutograd),)

@@ -27,7 +27,7 @@ from mlir import ir
 from mlir.dialects import linalg, tensor
 
 from ..internal import blaming
-from .irutil import find_ops, map_dims, run_passes, static_shape
+from .irutil import collapse, expand, find_ops, map_dims, run_passes
 from .irutil import tensor_dim as _dim
 from .irutil import tensor_shape as _shape
 
@@ -108,12 +108,12 @@ def _named_contraction(op: ir.Operation) -> None:
         rhs_groups = [list(range(batch)), [batch], [batch + 1]] if batch else [[0], [1]]
     with ir.InsertionPoint(op), op.location:
         sizes = [_dim(init, d) for d in range(rank)]
-        lhs = _collapse(lhs, [*groups[:-1], [rank - 1]])
-        rhs = _collapse(rhs, rhs_groups)
+        lhs = collapse(lhs, [*groups[:-1], [rank - 1]])
+        rhs = collapse(rhs, rhs_groups)
         if inputs[y][batch:] == [n, k]:
             rhs = _transpose(rhs, [1, 0] if len(rhs_groups) == 2 else [0, 2, 1])
         named = linalg.matmul if len(groups) == 2 else linalg.batch_matmul
-        result = _expand(_value(named(lhs, rhs, outs=[_collapse(init, groups)])), groups, sizes)
+        result = expand(_value(named(lhs, rhs, outs=[collapse(init, groups)])), groups, sizes)
     op.results[0].replace_all_uses_with(result)
     op.erase()
 
@@ -122,17 +122,17 @@ def _squeeze_transpose(op: ir.Operation) -> None:
     """Replace a static transpose with unit dimensions by the transpose of the others between
     reshapes: `[O, 1, K] -> [1, K, O]` becomes `[O, K] -> [K, O]`, so a matmul sees its operand's
     transpose once canonicalization cancels the reshapes."""
-    source, shape, out_shape = op.operands[0], static_shape(op.operands[0]), static_shape(op.results[0])
-    if shape is None or 1 not in shape or all(s == 1 for s in shape):
+    source, shape, out_shape = op.operands[0], _shape(op.operands[0]), _shape(op.results[0])
+    if None in shape or None in out_shape or 1 not in shape or all(s == 1 for s in shape):
         return
     perm = list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
     kept = [d for d, s in enumerate(shape) if s != 1]
     squeezed = [kept.index(p) for p in perm if shape[p] != 1]
     with ir.InsertionPoint(op), op.location:
-        value = _collapse(source, _unit_groups(shape))
+        value = collapse(source, _unit_groups(shape))
         if squeezed != sorted(squeezed):
             value = _transpose(value, squeezed)
-        result = _expand(value, _unit_groups(out_shape), out_shape)
+        result = expand(value, _unit_groups(out_shape), out_shape)
     op.results[0].replace_all_uses_with(result)
     op.erase()
 
@@ -145,8 +145,8 @@ def _single_batch(op: ir.Operation) -> None:
     groups = [[0, 1], [2]]
     with ir.InsertionPoint(op), op.location:
         sizes = [_dim(init, d) for d in range(3)]
-        named = _value(linalg.matmul(*(_collapse(v, groups) for v in (lhs, rhs)), outs=[_collapse(init, groups)]))
-        result = _expand(named, groups, sizes)
+        named = _value(linalg.matmul(*(collapse(v, groups) for v in (lhs, rhs)), outs=[collapse(init, groups)]))
+        result = expand(named, groups, sizes)
     op.results[0].replace_all_uses_with(result)
     op.erase()
 
@@ -164,27 +164,6 @@ def _unit_groups(shape: list[int]) -> list[list[int]]:
     if pending:
         groups[-1] += pending
     return groups
-
-
-def _collapse(value: ir.Value, groups: list[list[int]]) -> ir.Value:
-    """`value` with each group of dimensions merged into one (dynamic if one of them is)."""
-    if all(len(g) == 1 for g in groups):
-        return value
-    shape = _shape(value)
-    merged = [None if any(shape[d] is None for d in g) else math.prod(shape[d] for d in g) for g in groups]
-    result = ir.RankedTensorType.get([ir.ShapedType.get_dynamic_size() if m is None else m for m in merged],
-                                     ir.RankedTensorType(value.type).element_type)
-    return tensor.CollapseShapeOp(result, value, groups).result
-
-
-def _expand(value: ir.Value, groups: list[list[int]], sizes: list[int | ir.Value]) -> ir.Value:
-    """`value` expanded by `groups` to `sizes` (ints, or index values for dynamic sizes): the
-    inverse of `_collapse`."""
-    if all(len(g) == 1 for g in groups):
-        return value
-    static = [ir.ShapedType.get_dynamic_size() if isinstance(d, ir.Value) else d for d in sizes]
-    t = ir.RankedTensorType.get(static, ir.RankedTensorType(value.type).element_type)
-    return tensor.ExpandShapeOp(t, value, groups, [d for d in sizes if isinstance(d, ir.Value)], static).result
 
 
 def _transpose(value: ir.Value, perm: list[int]) -> ir.Value:

@@ -41,7 +41,7 @@ from mlir.dialects import linalg, tensor
 from ..cpu import Cpu
 from ..internal import blaming
 from . import tiles
-from .irutil import find_ops, is_sub_byte
+from .irutil import collapse, expand, find_ops, is_sub_byte
 
 CONV = "linalg.conv_2d_nhwc_fhwc"  # loops (n, oh, ow, f, kh, kw, c)
 CONV_HWCF = "linalg.conv_2d_nhwc_hwcf"  # the same loops; its filter as the schedule's tiles read it
@@ -108,21 +108,6 @@ def _multiplier_one(op: ir.Operation) -> bool:
     return _static_f32(op) and ir.RankedTensorType(op.operands[1].type).shape[3] == 1
 
 
-def _collapse(value: ir.Value, groups: list[list[int]]) -> ir.Value:
-    shape = ir.RankedTensorType(value.type).shape
-    sizes = [1] * len(groups)
-    for i, group in enumerate(groups):
-        for d in group:
-            sizes[i] *= shape[d]
-    result = ir.RankedTensorType.get(sizes, ir.RankedTensorType(value.type).element_type)
-    return tensor.CollapseShapeOp(result, value, groups).result
-
-
-def _expand(value: ir.Value, groups: list[list[int]], shape: list[int]) -> ir.Value:
-    result = ir.RankedTensorType.get(shape, ir.RankedTensorType(value.type).element_type)
-    return tensor.ExpandShapeOp(result, value, groups, [], shape).result
-
-
 def _filter_exceeds(op: ir.Operation, limit: int) -> bool:
     """A static f32 2-D convolution whose filter has more than `limit` bytes (`Tiles.direct_filter_bytes`)
     in at most MAX_TAPS taps."""
@@ -142,7 +127,7 @@ def _taps_as_matmuls(op: ir.Operation) -> None:
     kh, kw = ir.RankedTensorType(weight.type).shape[:2] if hwcf else ir.RankedTensorType(weight.type).shape[1:3]
     (sh, sw), (dh, dw) = _ints(op, "strides"), _ints(op, "dilations")
     with ir.InsertionPoint(op), op.location:
-        acc = _collapse(init, [[0, 1, 2], [3]])
+        acc = collapse(init, [[0, 1, 2], [3]])
         for i in range(kh):
             for j in range(kw):
                 if (kh, kw, h, w) == (1, 1, oh, ow):
@@ -151,13 +136,13 @@ def _taps_as_matmuls(op: ir.Operation) -> None:
                     read = _slice(image, [0, i * dh, j * dw, 0], [n, oh, ow, c], [1, sh, sw, 1])
                     pixels = linalg.copy(read, outs=[tensor.EmptyOp([n, oh, ow, c], ir.F32Type.get()).result])
                 if hwcf:
-                    taps = _collapse(_slice(weight, [i, j, 0, 0], [1, 1, c, f]), [[0, 1, 2], [3]])
+                    taps = collapse(_slice(weight, [i, j, 0, 0], [1, 1, c, f]), [[0, 1, 2], [3]])
                 else:
-                    tap_fc = _collapse(_slice(weight, [0, i, j, 0], [f, 1, 1, c]), [[0, 1, 2], [3]])
+                    tap_fc = collapse(_slice(weight, [0, i, j, 0], [f, 1, 1, c]), [[0, 1, 2], [3]])
                     taps = linalg.transpose(tap_fc, outs=[tensor.EmptyOp([c, f], ir.F32Type.get()).result],
                                             permutation=[1, 0])
-                acc = linalg.matmul(_collapse(pixels, [[0, 1, 2], [3]]), taps, outs=[acc])
-        result = _expand(acc, [[0, 1, 2], [3]], [n, oh, ow, f])
+                acc = linalg.matmul(collapse(pixels, [[0, 1, 2], [3]]), taps, outs=[acc])
+        result = expand(acc, [[0, 1, 2], [3]], [n, oh, ow, f])
     op.results[0].replace_all_uses_with(result)
     op.erase()
 
@@ -175,12 +160,12 @@ def _conv3d_as_conv2d(op: ir.Operation) -> None:
     with ir.InsertionPoint(op), op.location:
         result = init
         for b in range(n):
-            acc = _collapse(_slice(result, [b, 0, 0, 0, 0], [1, od, oh, ow, f]), planes)
+            acc = collapse(_slice(result, [b, 0, 0, 0, 0], [1, od, oh, ow, f]), planes)
             for tap in range(kd):
-                inputs = _collapse(_slice(image, [b, tap * dd, 0, 0, 0], [1, od, h, w, c], [1, sd, 1, 1, 1]), planes)
-                taps = _collapse(_slice(weight, [tap, 0, 0, 0, 0], [1, kh, kw, c, f]), planes)
+                inputs = collapse(_slice(image, [b, tap * dd, 0, 0, 0], [1, od, h, w, c], [1, sd, 1, 1, 1]), planes)
+                taps = collapse(_slice(weight, [tap, 0, 0, 0, 0], [1, kh, kw, c, f]), planes)
                 acc = linalg.conv_2d_nhwc_hwcf(inputs, taps, outs=[acc], strides=strides, dilations=dilations)
-            result = tensor.InsertSliceOp(_expand(acc, planes, [1, od, oh, ow, f]), result, [], [], [],
+            result = tensor.InsertSliceOp(expand(acc, planes, [1, od, oh, ow, f]), result, [], [], [],
                                           [b, 0, 0, 0, 0], [1, od, oh, ow, f], [1] * 5).result
     op.results[0].replace_all_uses_with(result)
     op.erase()
@@ -197,9 +182,9 @@ def _depthwise_hwc(op: ir.Operation) -> None:
     shape = ir.RankedTensorType(init.type).shape
     with ir.InsertionPoint(op), op.location:
         conv = linalg.depthwise_conv_2d_nhwc_hwc(
-            image, _collapse(weight, [[0], [1], [2, 3]]), outs=[_collapse(init, [[0], [1], [2], [3, 4]])],
+            image, collapse(weight, [[0], [1], [2, 3]]), outs=[collapse(init, [[0], [1], [2], [3, 4]])],
             strides=_ints(op, "strides"), dilations=_ints(op, "dilations"))
-        result = _expand(conv, [[0], [1], [2], [3, 4]], shape)
+        result = expand(conv, [[0], [1], [2], [3, 4]], shape)
     op.results[0].replace_all_uses_with(result)
     op.erase()
 
@@ -276,7 +261,7 @@ def _pad_in_place(op: ir.Operation, producer: ir.Operation, groups: list[list[in
         filled = linalg.fill(value, outs=[tensor.EmptyOp(padded.shape, padded.element_type).result])
         interior = tensor.ExtractSliceOp(op.operands[0].type, filled, [], [], [], low, shape, [1] * len(shape)).result
         if groups is not None:
-            interior = _expand(interior, groups, ir.RankedTensorType(producer.results[0].type).shape)
+            interior = expand(interior, groups, ir.RankedTensorType(producer.results[0].type).shape)
     producer.operands[len(producer.operands) - 1] = interior
     with ir.InsertionPoint(op), op.location:
         result = tensor.InsertSliceOp(op.operands[0], filled, [], [], [], low, shape, [1] * len(shape)).result

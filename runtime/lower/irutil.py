@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 
 from mlir import ir
@@ -81,10 +82,26 @@ def tensor_dim(value: ir.Value, i: int) -> int | ir.Value:
     return tensor.DimOp(value, arith.ConstantOp(ir.IndexType.get(), i).result).result
 
 
-def static_shape(value: ir.Value) -> list[int] | None:
-    """The shape of a ranked tensor value, or None if a dimension is dynamic."""
-    t = ir.RankedTensorType(value.type)
-    return None if not t.has_static_shape else list(t.shape)
+def collapse(value: ir.Value, groups: list[list[int]]) -> ir.Value:
+    """`value` (a ranked tensor) with each group of dimensions merged into one, dynamic if one of
+    them is; `value` itself if every group is one dimension."""
+    if all(len(g) == 1 for g in groups):
+        return value
+    shape = tensor_shape(value)
+    merged = [None if any(shape[d] is None for d in g) else math.prod(shape[d] for d in g) for g in groups]
+    result = ir.RankedTensorType.get([ir.ShapedType.get_dynamic_size() if m is None else m for m in merged],
+                                     ir.RankedTensorType(value.type).element_type)
+    return tensor.CollapseShapeOp(result, value, groups).result
+
+
+def expand(value: ir.Value, groups: list[list[int]], sizes: list[int | ir.Value]) -> ir.Value:
+    """`value` expanded by `groups` to `sizes` (ints, or index values for dynamic sizes): the
+    inverse of `collapse`."""
+    if all(len(g) == 1 for g in groups):
+        return value
+    static = [ir.ShapedType.get_dynamic_size() if isinstance(d, ir.Value) else d for d in sizes]
+    result = ir.RankedTensorType.get(static, ir.RankedTensorType(value.type).element_type)
+    return tensor.ExpandShapeOp(result, value, groups, [d for d in sizes if isinstance(d, ir.Value)], static).result
 
 
 def map_dims(op: ir.Operation) -> list[list[int]]:
