@@ -35,9 +35,11 @@ from .execute.native import NativeFunction
 from .importer.graph import Program, import_graph
 from .importer.target import Target
 from .internal import blame, internal_error, is_internal
+from .lower.channel_max import maxima_off_channels
 from .lower.layout import optimize_layout
 from .lower.linear_conv import linears_as_convolutions
 from .lower.pad_conv import pads_into_convolutions
+from .lower.patch_conv import patches_as_convolutions
 from .options import MIN_REGION_OPS, Options
 from .quant.passes.edges import integer_edges
 from .quant.passes.patterns import rewrite_groups
@@ -193,12 +195,16 @@ def to_tosa(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args
 
 def for_npu(program: Program) -> None:
     """Rewrite `program` in place for an NPU compiler: its integer linear layers as 1x1
-    convolutions and the explicit pads of its integer convolutions as their padding, the layout
-    decided again around them; validated again for its target."""
-    if pads_into_convolutions(program.module) + linears_as_convolutions(program.module):
-        optimize_layout(program.module)
-        if program.target is not None:
-            program.target.validate(program.module)
+    convolutions, patch convolutions (kernel = stride) as ones of stride 1, the explicit pads of
+    its integer convolutions as their padding, the layout decided again around them, then its
+    integer maxima over channels taken over the axis before; validated again for its target."""
+    module = program.module
+    changed = pads_into_convolutions(module) + linears_as_convolutions(module) + patches_as_convolutions(module)
+    if changed:
+        optimize_layout(module)
+    changed += maxima_off_channels(module)  # after the layout optimizer, which would cancel its transposes
+    if changed and program.target is not None:
+        program.target.validate(module)
 
 
 def _most_conformant(gm: torch.fx.GraphModule) -> Program:

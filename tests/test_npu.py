@@ -4,8 +4,9 @@
 driven by opdefs/tosa.yaml's `layout` table), on the integer path (tests/test_int8_models.py
 counts the int8 models' transposes) and the float path (here). `npu=True` makes integer linear
 layers 1x1 CONV2Ds (lower/linear_conv.py) and explicit pads the convolutions' padding
-(lower/pad_conv.py), as `torchtosa.vela.compile` and `--vela` do: the same bits on TOSA's
-reference model and natively, and no transpose left in LeNet.
+(lower/pad_conv.py) and patch embeddings convolutions of stride 1 (lower/patch_conv.py), as
+`torchtosa.vela.compile` and `--vela` do: the same bits on TOSA's reference model and natively,
+and no transpose left in LeNet.
 """
 
 from __future__ import annotations
@@ -79,6 +80,33 @@ def test_pads_become_convolution_padding() -> None:
     npu = torchtosa.to_tosa(ep, target="TOSA-1.0+INT", freeze=True, npu=True)
     assert ops(plain, "tosa.pad") == 3 and ops(npu, "tosa.pad") == 0 and transposes(npu) == 2
     _assert_same_bits(plain, npu, shape)
+
+
+class Patches(nn.Module):
+    """A patch embedding (kernel = stride, larger than Ethos-U's 3) and a 2x2 conv of stride 2."""
+
+    def __init__(self, kernel: tuple[int, int]) -> None:
+        super().__init__()
+        self.embed, self.down = nn.Conv2d(3, 16, kernel, stride=kernel), nn.Conv2d(16, 8, 2, stride=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.embed(x).relu())
+
+
+def test_patch_convolutions_run_at_stride_one() -> None:
+    """Under npu=True a convolution whose kernel is its stride (8x8, 4x6; batches of 1 and 2) is
+    one of stride 1 over its patches' rows (lower/patch_conv.py); the 2x2 conv of stride 2, which
+    Ethos-U runs as it is, stays. The same bits on the reference model, and natively."""
+    for kernel, shape in (((8, 8), (1, 3, 32, 32)), ((4, 6), (2, 3, 16, 24))):
+        model = randomize(Patches(kernel))
+        torch.manual_seed(0)
+        ep = quantize(model, (torch.randn(shape),), [(torch.randn(shape),) for _ in range(4)])
+        plain = torchtosa.to_tosa(ep, target="TOSA-1.0+INT", freeze=True)
+        npu = torchtosa.to_tosa(ep, target="TOSA-1.0+INT", freeze=True, npu=True)
+        stride = f"stride = array<i64: {kernel[0]}, {kernel[1]}>"
+        assert stride in str(plain.module) and stride not in str(npu.module)
+        assert "stride = array<i64: 2, 2>" in str(npu.module) and ops(npu, "tosa.conv2d") == 2
+        _assert_same_bits(plain, npu, shape)
 
 
 class Residual(nn.Module):

@@ -9,6 +9,7 @@ for bit, and with PyTorch's run of the graph within the quanta stated per test.
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 
@@ -215,8 +216,9 @@ SOFTMAX_OFF_BY_ONE = 0.01
 
 @pytest.mark.parametrize("name", list(SOFTMAXES))
 def test_softmax_integer(name: str) -> None:
-    """q(softmax(dq(x))) is integer TOSA (TOSA-1.0+INT: i32 max, two tables, i32 sum, intdiv,
-    RESCALE): native == reference bit for bit, within one quantum of PyTorch, few off."""
+    """q(softmax(dq(x))) is integer TOSA (TOSA-1.0+INT: i32 max, two tables, i32 sum, its
+    reciprocal by Newton's iteration, RESCALE): native == reference bit for bit, within one
+    quantum of PyTorch, few off."""
     shape, dim, scales = SOFTMAXES[name]
     torch.manual_seed(4)
     q = int8(*shape)
@@ -270,16 +272,16 @@ LAYERNORMS = {"vit": (32, 1e-12, (0.0078, -33, 0.0274, -15), 128),
               "c64": (64, 1e-5, (0.01, 0, 0.03, 3), 40),
               "c128": (128, 1e-5, (0.01, 0, 0.03, 3), 60),
               "c181": (181, 1e-5, (0.01, 0, 0.03, 3), 128)}
-# The integer layer norm rounds the root of the sum of squares and the normalized value to about
-# 15 bits before RESCALE rounds to the output quantum (measured: 0.28% to 0.73% one off).
+# The integer layer norm rounds the normalized value to about 15 bits before RESCALE rounds to
+# the output quantum (measured: 0.12% to 0.44% one off).
 LAYERNORM_OFF_BY_ONE = 0.015
 
 
 @pytest.mark.parametrize("name", list(LAYERNORMS))
 def test_layernorm_integer(name: str) -> None:
-    """q(layer_norm(dq(x))) is integer TOSA (TOSA-1.0+INT: i32 sums, clz, Newton's integer square
-    root with intdiv, per-channel RESCALE): native == reference bit for bit, every output within
-    one quantum of PyTorch, few off."""
+    """q(layer_norm(dq(x))) is integer TOSA (TOSA-1.0+INT: i32 sums, clz, the reciprocal square
+    root by Newton's iteration, per-channel RESCALE): native == reference bit for bit, every output
+    within one quantum of PyTorch, few off."""
     c, eps, scales, spread = LAYERNORMS[name]
     torch.manual_seed(5)
 
@@ -580,8 +582,22 @@ def test_sdpa_vit_with_pooler_is_tosa_int() -> None:
     hidden, pooled = torch.stack(steps[0]), torch.stack(steps[1])
     assert (hidden > 1).float().mean().item() <= 0.006 and hidden.max().item() <= 12
     assert (pooled == 0).float().mean().item() >= 0.6 and pooled.max().item() <= 16
-    report = vela.compile(program, accelerator="ethos-u85-256")
-    assert report.all_on_npu and report.cycles > 0, report.summary()
+    # for an NPU (to_tosa's npu=True, as vela.compile does): the patch embedding a convolution
+    # of stride 1, the softmaxes' row maxima over the axis before the last; the same bits
+    npu = torchtosa.to_tosa(ep, target="TOSA-1.0+INT", freeze=True, npu=True)
+    text = str(npu.module)
+    assert "stride = array<i64: 8, 8>" not in text and "stride = array<i64: 1, 1>" in text
+    assert re.findall(r"tosa.reduce_max %\S+ {axis = (\d+)", text) == ["2", "2"], text
+    x = iq.quantize(torch.randn(shape))
+    assert all(torch.equal(a, b) for a, b in zip(npu.reference(x), program.reference(x), strict=True))
+    report = vela.compile(npu, accelerator="ethos-u85-256", npu=False)
+    assert report.all_on_npu and 0 < report.cycles <= EXECUTORCH_VIT_CYCLES, report.summary()
+    print(f"Vela: {len(report.npu_ops)} NPU ops, {report.cycles} cycles")
+
+
+# Vela 5.2.0's estimate for this ViT as ExecuTorch 1.5.1's Arm backend lowers it (issue 30: same
+# model, seed and calibration; ethos-u85-256, Vela's default system configuration)
+EXECUTORCH_VIT_CYCLES = 119_772
 
 
 @pytest.mark.parametrize("f, scales, op", [

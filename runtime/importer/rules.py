@@ -842,6 +842,19 @@ def softmax_exp_tables(input_scale: float) -> list[list[int]]:
     return [[e >> 8 for e in exps], [(e & 255) - 128 for e in exps]]
 
 
+# Seeds of Newton's iterations in Q29 fixed point (qsoftmax's 1/S, qlayernorm's 1/sqrt(V)), as
+# [a, b] of the line a - b x: for 1/x on [0.5, 1) 48/17 - 32/17 x (relative error <= 1/17; three
+# steps y (2 - x y) reach Q29's precision); for 1/sqrt(x) on [0.5, 2) the least-squares line
+# 1.41327606 - 0.38093762 x (relative error <= 13.6%; four steps y (3 - x y^2) / 2).
+NEWTON_SEEDS = {"reciprocal": (48 / 17, 32 / 17), "rsqrt": (1.41327606, 0.38093762)}
+
+
+def newton_seed(function: str) -> list[int]:
+    """[a, b] in Q29 of the line a - b x that starts Newton's iteration for `function`
+    (`NEWTON_SEEDS`)."""
+    return [builtins.round(c * 2 ** 29) for c in NEWTON_SEEDS[function]]
+
+
 def layernorm_shift(C: int, input_scale: float, eps: float) -> list[int] | None:
     """[k, e] of qlayernorm over C int8 values: each square of D = C * q - sum(q) (at most
     (255 C)^2, in i32 for C <= 181) is shifted right by 2k, rounding, so that the i32 sum of the

@@ -6,10 +6,10 @@ an elementwise f named by a string (`UNARY`): an int8 input takes only 256 value
 group is a 256-entry table, which the lowering (opdefs/quantize_table.yaml) computes at compile
 time by running this same function on every int8 value (`unary_table`), so it gives PyTorch's
 bits. `torch.ops.torchtosa.qsoftmax` is dequantize -> softmax -> quantize, lowered as integer
-arithmetic (exponentials of x - max(x) from two int8 tables, an i32 sum and division), and
-`torchtosa.qlayernorm` (layer norm over the last dim) as integer arithmetic too (i32 sums of the
-centred values and their squares, an integer square root by Newton's iteration with tosa.intdiv,
-a per-channel RESCALE that applies the weight and bias).
+arithmetic (exponentials of x - max(x) from two int8 tables, an i32 sum and its reciprocal by
+Newton's iteration in fixed point), and `torchtosa.qlayernorm` (layer norm over the last dim) as
+integer arithmetic too (i32 sums of the centred values and their squares, the reciprocal square
+root by Newton's iteration, a per-channel RESCALE that applies the weight and bias).
 `torch.ops.torchtosa.qmatmul` is dequantize(a), dequantize(b) -> (permutes: attention's heads and
 k^T) -> matmul -> quantize: an int8 tosa.matmul with both zero points, i32 accumulation, a RESCALE
 by a_scale * b_scale / output_scale.
