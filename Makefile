@@ -16,8 +16,16 @@ TOOLS_STAMP := $(TOOLS)/.installed-$(TOSA_TOOLS_VERSION)
 VELA_VERSION := 5.2.0
 VELA   := .vela
 VELA_STAMP := $(VELA)/.installed-$(VELA_VERSION)
+# ExecuTorch's Arm backend, the peer of scripts/ethos_u.py's table: a directory of its own
+EXECUTORCH_VERSION := 1.5.1
+EXECUTORCH := .executorch
+EXECUTORCH_STAMP := $(EXECUTORCH)/.installed-$(EXECUTORCH_VERSION)
+# torchvision's models for the same table: a directory of its own too (PyPI's wheel, built for
+# CUDA, imports only as scripts/ethos_u.py does it; in the venv transformers would fail to import it)
+TORCHVISION := .torchvision
+MODELS_STAMP := $(TORCHVISION)/.installed-0.28.0
 
-.PHONY: all setup tosa-tools vela cross-tools vela-report gen demo test test-avx2 lint bench bench-avx2 coverage corpus fuzz reference training clean
+.PHONY: all setup tosa-tools vela executorch cross-tools vela-report ethos-u gen demo test test-avx2 lint bench bench-avx2 coverage corpus fuzz reference training clean
 
 all: test
 
@@ -53,6 +61,23 @@ $(VELA_STAMP):
 	touch $@
 
 vela: $(VELA_STAMP)
+
+# pip --target, no dependencies: it runs on our torch 2.13 and torchao through PYTHONPATH (in a
+# subprocess of scripts/ethos_u.py), with the few packages it needs that our venv lacks;
+# tosa-tools 2026.5.0 is its serializer (ours, 2026.8.0, stays in .tosa-tools/)
+$(EXECUTORCH_STAMP): | $(STAMP)
+	rm -rf $(EXECUTORCH)
+	$(PY) -m pip install -q --no-deps --target $(EXECUTORCH) executorch==$(EXECUTORCH_VERSION) flatbuffers \
+		ruamel.yaml ruamel.yaml.clib tabulate ml_dtypes==0.5.1 tosa-tools==2026.5.0
+	test -d $(EXECUTORCH)/executorch/backends/arm
+	touch $@
+
+executorch: $(EXECUTORCH_STAMP)
+
+$(MODELS_STAMP): | $(STAMP)
+	rm -rf $(TORCHVISION)
+	$(PY) -m pip install -q --no-deps --target $(TORCHVISION) torchvision==0.28.0 pillow
+	touch $@
 
 # Debian's aarch64 cross compiler and qemu-user: export_library(cpu="neoverse-n1") links with the
 # one, tests/test_cross.py runs the libraries under the other. As root, or through sudo.
@@ -90,7 +115,7 @@ AVX2_ONLY := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUC
 test-avx2: lint $(TOOLS_STAMP) $(VELA_STAMP) cross-tools
 	$(AVX2_ONLY) $(PY) -m pytest -q -n auto -p no:cacheprovider tests
 
-bench: $(GEN)
+bench: $(GEN) ethos-u
 	$(PY) scripts/bench.py
 
 # make bench as an AVX2-only host sees it (eager limited, native code for x86-64-v3), into a file
@@ -104,6 +129,10 @@ coverage: $(GEN)
 # docs/vela.md's table of Vela's estimates for the int8 models
 vela-report: $(GEN) $(TOOLS_STAMP) $(VELA_STAMP)
 	$(PY) scripts/vela_report.py
+
+# docs/vela.md's side-by-side table: torchtosa's and ExecuTorch's Arm backend's int8 TOSA through Vela
+ethos-u: $(GEN) $(TOOLS_STAMP) $(VELA_STAMP) $(EXECUTORCH_STAMP) $(MODELS_STAMP)
+	$(PY) scripts/ethos_u.py --doc docs/vela.md
 
 corpus: $(GEN)
 	$(PY) scripts/corpus.py
@@ -123,4 +152,4 @@ fuzz: $(GEN)
 		tests/test_properties.py tests/test_pipeline_fuzz.py
 
 clean:
-	rm -rf $(VENV) $(TOOLS) $(VELA) runtime/_generated build *.egg-info
+	rm -rf $(VENV) $(TOOLS) $(VELA) $(EXECUTORCH) $(TORCHVISION) runtime/_generated build *.egg-info

@@ -12,9 +12,10 @@ annotation kind, and one small annotator per kind writes the QuantizationAnnotat
   and the output (binary: after a fused relu) quantized.
 - "output" (sigmoid, tanh, hardswish, gelu, silu, softmax, layer_norm): input and output
   quantized, each with its own parameters (TABLE-style ops).
-- "shared" (pooling, mean, shape ops, standalone relu/hardtanh/clamp): the output shares the
-  input's parameters, so the op runs on the int8 values unchanged; annotated only where the
-  input is already quantized, so no Q/DQ pair appears around an op on a float tensor.
+- "shared" (pooling, mean, shape ops, standalone relu/hardtanh/clamp, dropout in eval mode,
+  clone): the output shares the input's parameters, so the op runs on the int8 values
+  unchanged; annotated only where the input is already quantized, so no Q/DQ pair appears
+  around an op on a float tensor.
 - "split" (chunk, split, unbind): each piece (a getitem of the op) shares the input's parameters.
 - "cat": every input and the output share one set of parameters (the first input's).
 
@@ -63,7 +64,8 @@ OPS: dict[torch._ops.OpOverload, str] = {
                      aten.mean.dim, aten.view.default, aten.reshape.default, aten.flatten.using_ints,
                      aten.permute.default, aten.transpose.int, aten.t.default, aten.squeeze.dim,
                      aten.squeeze.dims, aten.unsqueeze.default, aten.relu.default, aten.relu_.default,
-                     aten.hardtanh.default, aten.hardtanh_.default, aten.relu6.default, aten.clamp.default],
+                     aten.hardtanh.default, aten.hardtanh_.default, aten.relu6.default, aten.clamp.default,
+                     aten.dropout.default, aten.clone.default],
                     "shared"),
     **dict.fromkeys([aten.slice.Tensor, aten.select.int, aten.expand.default], "shared"),
     **dict.fromkeys([aten.chunk.default, aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int],

@@ -85,16 +85,19 @@ class Attention(nn.Module):
 
 
 class Pools(nn.Module):
-    """conv + relu6 and conv + hardtanh (fused), avg/adaptive pooling, mean, cat, clamp."""
+    """conv + relu6 and conv + hardtanh (fused), avg/adaptive pooling, mean, cat, clamp, dropout
+    (eval) and clone."""
 
     def __init__(self) -> None:
         super().__init__()
         self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 1)
+        self.drop = nn.Dropout(0.2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.cat([nn.functional.relu6(self.a(x)), nn.functional.hardtanh(self.b(x))], dim=1)
         y = nn.functional.avg_pool2d(y, 2).clamp(-0.5, 0.5)
-        return nn.functional.adaptive_avg_pool2d(y, 1).flatten(1) + y.mean(dim=(2, 3))
+        pooled = self.drop(nn.functional.adaptive_avg_pool2d(y, 1).flatten(1)).clone()
+        return pooled + y.mean(dim=(2, 3))
 
 
 # Batches large enough for the fraction of outputs one quantum off to be measured.
@@ -258,8 +261,11 @@ def check_each_quantize(ep: torch.export.ExportedProgram, shape: tuple[int, ...]
         fractions[f"{q.args[0].name}->{q.name} ({'/'.join(paths) or 'no group'}{differ})"] = \
             (steps > 0).float().mean().item()
     print("\n" + "\n".join(f"  {k}: {v:.2%} one off" for k, v in fractions.items()))
-    # an average pool rounds ties away from zero (TOSA's AVG_POOL2D), PyTorch to even
-    assert all(v <= (CHAINED_OFF if "avg_pool" in k else OFF_BY_ONE) for k, v in fractions.items()), fractions
+    # an average pool rounds ties away from zero (TOSA's AVG_POOL2D), PyTorch to even; so does a
+    # mean over H and W, which is that AVG_POOL2D where its quantization is its input's
+    tied = ("avg_pool", "mean")
+    assert all(v <= (CHAINED_OFF if any(t in k for t in tied) else OFF_BY_ONE) for k, v in fractions.items()), \
+        fractions
     return fractions
 
 
@@ -350,7 +356,7 @@ def test_tosa_quantizer_config_api() -> None:
 def test_tosa_quantizer_annotation_kinds() -> None:
     """Every op kind of the table: matmul/bmm quantize both activations, softmax/layer_norm/
     gelu their output with parameters of their own; chunk's pieces, transposes, views, pooling,
-    mean and clamp share their input's parameters; cat's inputs and output share one set; relu6/hardtanh
+    mean, clamp, dropout and clone share their input's parameters; cat's inputs and output share one set; relu6/hardtanh
     fuse into the conv before them (no quantize between)."""
     gm = quantize(Attention, (2, 6, 16), TosaQuantizer()).module()
     dq = QD.dequantize_per_tensor.default
@@ -376,7 +382,8 @@ def test_tosa_quantizer_annotation_kinds() -> None:
     (cat,) = calls(gm, aten.cat.default)
     (q,) = cat.users
     assert all(d.args[1:] == q.args[1:] for d in cat.args[0])
-    for op in (aten.avg_pool2d.default, aten.clamp.default, aten.adaptive_avg_pool2d.default, aten.mean.dim):
+    for op in (aten.avg_pool2d.default, aten.clamp.default, aten.adaptive_avg_pool2d.default, aten.mean.dim,
+               aten.dropout.default, aten.clone.default):
         (node,) = calls(gm, op)
         qs = [u for u in node.users if u.target == QD.quantize_per_tensor.default]
         assert qs and all(q.args[1:] == node.args[0].args[1:] for q in qs), op
