@@ -20,10 +20,11 @@ VELA_STAMP := $(VELA)/.installed-$(VELA_VERSION)
 EXECUTORCH_VERSION := 1.5.1
 EXECUTORCH := .executorch
 EXECUTORCH_STAMP := $(EXECUTORCH)/.installed-$(EXECUTORCH_VERSION)
-# torchvision's models for the same table: a directory of its own too (PyPI's wheel, built for
-# CUDA, imports only as scripts/ethos_u.py does it; in the venv transformers would fail to import it)
+# torchvision's and timm's models (tests/test_vision_models.py, the Ethos-U table): a directory of
+# their own (PyPI's torchvision wheel, built for CUDA, imports only as tests/vision_models.py does
+# it; in the venv transformers would fail to import it)
 TORCHVISION := .torchvision
-MODELS_STAMP := $(TORCHVISION)/.installed-0.28.0
+MODELS_STAMP := $(TORCHVISION)/.installed-0.28.0-1.0.31
 
 .PHONY: all setup tosa-tools vela executorch cross-tools vela-report ethos-u gen demo test test-avx2 lint bench bench-avx2 coverage corpus fuzz reference training clean
 
@@ -76,7 +77,7 @@ executorch: $(EXECUTORCH_STAMP)
 
 $(MODELS_STAMP): | $(STAMP)
 	rm -rf $(TORCHVISION)
-	$(PY) -m pip install -q --no-deps --target $(TORCHVISION) torchvision==0.28.0 pillow
+	$(PY) -m pip install -q --no-deps --target $(TORCHVISION) torchvision==0.28.0 timm==1.0.31 pillow
 	touch $@
 
 # Debian's aarch64 cross compiler and qemu-user: export_library(cpu="neoverse-n1") links with the
@@ -105,14 +106,14 @@ lint: $(GEN)
 	$(PY) -m ruff check generator runtime tests scripts
 	$(PY) -m generator --check
 
-test: lint $(TOOLS_STAMP) $(VELA_STAMP) cross-tools
+test: lint $(TOOLS_STAMP) $(VELA_STAMP) $(MODELS_STAMP) cross-tools
 	$(PY) -m pytest -q -n auto -p no:cacheprovider tests
 
 # The suite as an AVX2-only host (Zen 3) sees it, on any x86-64 host: eager's kernels limited to
 # AVX2 (PyTorch, oneDNN, MKL) and native code for the CPU table's x86-64-v3 (opdefs/cpus.yaml).
 AVX2_ONLY := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 TORCHTOSA_CPU=x86-64-v3
 
-test-avx2: lint $(TOOLS_STAMP) $(VELA_STAMP) cross-tools
+test-avx2: lint $(TOOLS_STAMP) $(VELA_STAMP) $(MODELS_STAMP) cross-tools
 	$(AVX2_ONLY) $(PY) -m pytest -q -n auto -p no:cacheprovider tests
 
 bench: $(GEN) ethos-u

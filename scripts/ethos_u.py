@@ -29,14 +29,12 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parent.parent
 EXECUTORCH = ROOT / ".executorch"  # make executorch: pip install --no-deps --target .executorch ...
-TORCHVISION = ROOT / ".torchvision"  # torchvision and pillow (make ethos-u)
 CALIBRATION = 4
 ACCELERATOR = "ethos-u85-256"
 BEGIN, END = "<!-- ethos_u.py: begin -->", "<!-- ethos_u.py: end -->"
@@ -55,47 +53,19 @@ def _tests() -> tuple:
 def models() -> dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]]:
     """Name: (builder of the model with its seeded weights, in eval mode; input shape)."""
     t8, tm = _tests()
+    import vision_models
 
     def int8_model(name: str) -> Callable[[], nn.Module]:
         return lambda: t8.randomize(t8.MODELS[name][0]())
 
     def torchvision_mobilenet() -> nn.Module:
-        return t8.randomize(import_torchvision().models.mobilenet_v2())
+        return t8.randomize(vision_models.import_torchvision().models.mobilenet_v2())
 
     return {"lenet_bn": (int8_model("lenet_bn"), (1, 1, 28, 28)),
             "resnet": (int8_model("resnet"), (1, 3, 32, 32)),
             "mobilenet_v2": (int8_model("mobilenet_v2"), (1, 3, 32, 32)),
             "torchvision mobilenet_v2": (torchvision_mobilenet, (1, 3, 224, 224)),
             "vit": (lambda: tm.instantiate("vit")[0], (1, 3, 32, 32))}
-
-
-def import_torchvision() -> ModuleType:
-    """torchvision from .torchvision/, imported where its C++ ops can't load: PyPI's wheel is
-    built for CUDA (the CPU one comes from PyTorch's own index), so `torchvision::nms` and the
-    other detection ops are missing and registering their fake kernels fails the import. The
-    models here use none of them: those registrations are skipped."""
-    if "torchvision" in sys.modules:
-        return sys.modules["torchvision"]
-    sys.path.append(str(TORCHVISION))
-    real = torch.library.register_fake
-
-    def tolerant(op: object, func: Callable | None = None, /, *args: object, **kwargs: object) -> object:
-        if not (isinstance(op, str) and op.startswith("torchvision::")):
-            return real(op, func, *args, **kwargs)
-
-        def register(f: Callable) -> Callable:
-            try:
-                return real(op, f, *args, **kwargs)
-            except RuntimeError:  # "operator torchvision::nms does not exist"
-                return f
-        return register if func is None else register(func)
-
-    torch.library.register_fake = tolerant
-    try:
-        import torchvision
-    finally:
-        torch.library.register_fake = real
-    return torchvision
 
 
 def inputs(shape: tuple[int, ...]) -> tuple[torch.Tensor, list[tuple[torch.Tensor]]]:

@@ -317,3 +317,29 @@ def test_make_backend_inference_and_training() -> None:
     assert [c.graph.split()[0] for c in seen] == ["inference", "forward", "backward"]
     for got, p in zip(grads, m.parameters(), strict=True):
         torch.testing.assert_close(got, p.grad)
+
+
+class Rolls(nn.Module):
+    """torch.roll over two dims (a negative shift, one past the size), and over the flattened tensor."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.roll(x, (2, -7), (1, 2)) * 2 + torch.roll(x, 5)
+
+
+def test_roll_is_slices_and_a_cat() -> None:
+    """Static rolls capture as slices and cats (core ATen's decomposition gathers with integer
+    indices, not TOSA-1.0+FP): no index op in the graph, and the program is TOSA-1.0+FP with
+    eager's values on the reference model and natively; the gradient flows through it."""
+    import torchtosa
+
+    x = torch.randn(2, 5, 4)
+    targets = {str(n.target) for n in capture(Rolls(), (x,)).gm.graph.nodes if n.op == "call_function"}
+    assert "aten.cat.default" in targets and not {t for t in targets if "index" in t or "gather" in t}, targets
+    program = torchtosa.to_tosa(Rolls(), x, target="TOSA-1.0+FP")
+    want = Rolls()(x)
+    (ref,) = program.reference(x)
+    assert torch.equal(ref, want)
+    assert torch.equal(torchtosa.compile(Rolls(), x)(x), want)
+    y = x.clone().requires_grad_()
+    torch.compile(Rolls(), backend="torchtosa")(y).sum().backward()
+    assert torch.equal(y.grad, torch.full_like(x, 3.0))

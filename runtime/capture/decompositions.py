@@ -19,6 +19,8 @@ computes with the wrong values while the forward looks right. `DECOMPOSITIONS` i
   input's grid. Both into ops with entries of their own.
 - `_transformer_encoder_layer_fwd` (nn.TransformerEncoderLayer's fused inference kernel, which
   Dynamo puts in a graph under no_grad) in composite ops.
+- `roll` as slices and a cat (core ATen gathers with computed integer indices, which a float
+  TOSA profile has no op for).
 """
 
 from __future__ import annotations
@@ -241,12 +243,33 @@ def _encoder_layer_fwd(
     return norm2(x + feed_forward(x))
 
 
+def _roll(self: Tensor, shifts: list[int], dims: list[int] | None = None) -> Tensor:
+    """torch.roll as two slices and a cat per rolled dim where the sizes and shifts are static:
+    core ATen's decomposition gathers with the indices (arange(n) - shift) mod n, an integer
+    gather (TOSA's PRO-INT: a float model's roll, Swin's cyclic shift, would not be TOSA-1.0+FP).
+    Symbolic sizes keep core ATen's."""
+    dims = list(dims or [])
+    if not dims and len(shifts) == 1:  # the flattened tensor rolled
+        return _roll(self.flatten(), shifts, [0]).view(self.shape)
+    if len(shifts) != len(dims) or not all(isinstance(v, int) for v in [*shifts, *(self.shape[d] for d in dims)]):
+        return _CORE[aten.roll.default](self, shifts, dims)
+    out = self
+    for shift, dim in zip(shifts, dims, strict=True):
+        n = out.shape[dim]
+        if n and shift % n:
+            k = shift % n
+            out = torch.cat([out.narrow(dim, n - k, k), out.narrow(dim, 0, n - k)], dim)
+    return out if out is not self else self.clone()
+
+
+_CORE = core_aten_decompositions()
 DECOMPOSITIONS = {
-    **core_aten_decompositions(),
+    **_CORE,
     aten._scaled_dot_product_flash_attention_for_cpu.default: _flash_cpu,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _flash_cpu_backward,
     aten.convolution_backward.default: _convolution_backward,
     aten.max_pool2d_with_indices_backward.default: _max_pool2d_backward,
     aten._transformer_encoder_layer_fwd.default: _encoder_layer_fwd,
     aten.upsample_nearest2d.default: keep_nearest,  # one tosa.resize where it reproduces torch
+    aten.roll.default: _roll,
 }
