@@ -478,10 +478,12 @@ def _plain_memref(t: ir.Type) -> bool:
 
 
 def _element_bytes(t: ir.Type) -> int:
+    """The bytes an element takes in memory: LLVM's alloc size, a power of two (an i48, TOSA's
+    accumulator of int16 convolutions, takes 8)."""
     if isinstance(t, ir.IndexType):
         return 8
     width = t.width if isinstance(t, ir.IntegerType) else ir.FloatType(t).width
-    return max(1, width // 8)
+    return 1 << max(0, (width - 1).bit_length() - 3)
 
 
 _FLOAT_ARITH = {"tosa.mul": arith.MulFOp, "tosa.add": arith.AddFOp}

@@ -875,6 +875,9 @@ def _loop_sizes(op: ir.Operation) -> tuple[Extent, ...] | None:
         n, oh, ow, f = _shape(op.results[0])
         if None in w or f is None:
             return None
+        if op.name == _CONV and ir.ShapedType(op.operands[0].type).element_type != \
+                ir.ShapedType(op.operands[1].type).element_type:
+            return None  # transpose_conv2d (LLVM 22) gives the HWCF filter the input's element type: i16 x i8
         kh, kw, c = w[1:] if op.name == _CONV else w[:3]  # FHWC or HWCF
         return (n, oh, ow, f, kh, kw, c)
     if op.name == _DEPTHWISE:
@@ -920,9 +923,12 @@ def _loop_dim_sources(op: ir.Operation) -> dict[int, tuple[ir.Value, int]]:
 
 
 def _vector_element(t: ir.Type) -> bool:
-    """f32, f64 or a signless integer. Not f16/bf16: LLVM's x86 backend aborts on some of their
-    vector ops ("soft promote"); not unsigned integers, which only tosa.rescale uses."""
-    return isinstance(t, ir.F32Type | ir.F64Type) or (isinstance(t, ir.IntegerType) and t.is_signless)
+    """f32, f64 or a signless integer of a power-of-two width. Not f16/bf16: LLVM's x86 backend
+    aborts on some of their vector ops ("soft promote"); not unsigned integers, which only
+    tosa.rescale uses; not i48 (int16 convolutions' accumulator): LLVM packs a vector of i48 in
+    memory, 6 bytes an element, where a buffer of them holds one in 8 bytes."""
+    return isinstance(t, ir.F32Type | ir.F64Type) or (isinstance(t, ir.IntegerType) and t.is_signless
+                                                       and t.width & (t.width - 1) == 0)
 
 
 def _plain_body(op: ir.Operation) -> bool:
