@@ -309,6 +309,18 @@ def test_columns_without_a_power_of_two_divisor_are_peeled() -> None:
     torch.testing.assert_close(torchtosa.compile(_Scores(), q, k)(q, k), _Scores()(q, k), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("n", [100, 80])
+def test_rows_of_odd_length_are_vectorized_by_whole_registers(n: int) -> None:
+    """A softmax over rows of 100 is tiled by one vector register, the remainder peeled, not by
+    the divisor 50 (vector<50xf32>: 5x slower than eager); rows of 80 by whole registers with
+    nothing to peel (a peel of an exact multiple fails in the transform). Eager's values."""
+    lanes = derive(select()).lanes
+    x = torch.randn(64, n)
+    text = str(_linalg(lambda t: t.softmax(-1), x, stop_before="bufferize"))
+    assert f"vector<{lanes}xf32>" in text and not re.search(rf"vector<{n // 2}xf32>", text)
+    torch.testing.assert_close(torchtosa.compile(lambda t: t.softmax(-1), x)(x), x.softmax(-1), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("shape", [(1, 6, 5, 16), (1, 40)])
 def test_result_with_unit_dims_is_computed_in_the_output(shape: tuple[int, ...]) -> None:
     """Dropping unit dims makes a [1, H, W, C] result a view of an [H, W, C] buffer, which
