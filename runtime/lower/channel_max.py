@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from mlir import ir
 
-from .irutil import function_bodies
-from .layout import _shape, _with_shape, fold_layout, transpose
+from .layout import _shape, _with_shape, rewrite_each, transpose
 
 INTEGER = ("i8",)
 
@@ -22,14 +21,7 @@ def maxima_off_channels(module: ir.Module) -> int:
     """Rewrite every integer `tosa.reduce_max` of `module` over the last axis (of a rank >= 2
     tensor whose last two axes are longer than 1) as a transpose of those two axes, a maximum
     over the one before last and a transpose back; the number rewritten."""
-    count = 0
-    with module.context, ir.Location.unknown():
-        for block in function_bodies(module):
-            for op in list(block.operations):
-                if op.operation.name == "tosa.reduce_max" and _off_channels(op.operation):
-                    count += 1
-            fold_layout(block)  # the transpose of the result's size-1 axis: a reshape
-    return count
+    return rewrite_each(module, ("tosa.reduce_max",), _off_channels)  # the transposes back: reshapes
 
 
 def _off_channels(reduce: ir.Operation) -> bool:

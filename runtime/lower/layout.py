@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -277,6 +278,21 @@ def fold_layout(block: ir.Block) -> None:
             with ir.InsertionPoint(op), op.location:
                 result.replace_all_uses_with(reshape(source, shape))
     _erase_unused(block)
+
+
+def rewrite_each(module: ir.Module, names: tuple[str, ...], rewrite: Callable[[ir.Operation], bool],
+                 fold_first: bool = False) -> int:
+    """Call `rewrite` on each op named in `names` of `module`'s function bodies, then simplify
+    each body's layout ops (`fold_layout`; before too with `fold_first`); the number of ops
+    `rewrite` rewrote (returned True for)."""
+    count = 0
+    with module.context, ir.Location.unknown():
+        for block in function_bodies(module):
+            if fold_first:
+                fold_layout(block)
+            count += sum(rewrite(op.operation) for op in list(block.operations) if op.operation.name in names)
+            fold_layout(block)
+    return count
 
 
 def _erase_unused(block: ir.Block) -> None:

@@ -20,8 +20,7 @@ import math
 import numpy as np
 from mlir import ir
 
-from .irutil import function_bodies
-from .layout import _foldable, _moved, _perm, _producer, _shape, fold_layout, reshape
+from .layout import _foldable, _moved, _perm, _producer, _shape, reshape, rewrite_each
 
 INTEGER = ("i8",)  # element types of the matmuls rewritten (i32 accumulators: exact)
 
@@ -29,15 +28,8 @@ INTEGER = ("i8",)  # element types of the matmuls rewritten (i32 accumulators: e
 def linears_as_convolutions(module: ir.Module) -> int:
     """Rewrite every integer matmul of a constant weight (and its constant bias add) in
     `module`'s functions as a 1x1 tosa.conv2d; the number rewritten."""
-    count = 0
-    with module.context, ir.Location.unknown():
-        for block in function_bodies(module):
-            fold_layout(block)  # the weight's transpose and reshape into one constant
-            for op in list(block.operations):
-                if op.operation.name == "tosa.matmul" and _as_convolution(op.operation):
-                    count += 1
-            fold_layout(block)
-    return count
+    # folded first: the weight's transpose and reshape into one constant
+    return rewrite_each(module, ("tosa.matmul",), _as_convolution, fold_first=True)
 
 
 def _constant(value: ir.Value) -> ir.Operation | None:

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from mlir import ir
 
-from .irutil import function_bodies
-from .layout import _producer, _shape, _shape_values, _with_shape, fold_layout, reshape
+from .layout import _producer, _shape, _shape_values, _with_shape, reshape, rewrite_each
 
 CONVOLUTIONS = ("tosa.conv2d", "tosa.depthwise_conv2d")
 INTEGER = ("i8",)
@@ -26,14 +25,7 @@ INTEGER = ("i8",)
 def pads_into_convolutions(module: ir.Module) -> int:
     """Move every explicit zero-point pad of H and W before an integer convolution of `module`
     into the convolution's padding; the number moved."""
-    count = 0
-    with module.context, ir.Location.unknown():
-        for block in function_bodies(module):
-            for op in list(block.operations):
-                if op.operation.name in CONVOLUTIONS and _fold(op.operation):
-                    count += 1
-            fold_layout(block)
-    return count
+    return rewrite_each(module, CONVOLUTIONS, _fold)
 
 
 def _only(value: ir.Value, name: str) -> ir.Operation | None:

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from mlir import ir
 
-from .irutil import function_bodies
-from .layout import _producer, _shape, _with_shape, fold_layout, reshape, transpose
+from .layout import _producer, _shape, _with_shape, reshape, rewrite_each, transpose
 
 INTEGER = ("i8",)
 NATIVE_STRIDE = 3  # the largest stride Ethos-U's convolutions take in hardware
@@ -28,14 +27,7 @@ def patches_as_convolutions(module: ir.Module) -> int:
     """Rewrite every integer `tosa.conv2d` of `module` whose kernel equals its stride (larger than
     `NATIVE_STRIDE`), without padding or dilation, as a convolution of stride 1 over its patches'
     rows; the number rewritten."""
-    count = 0
-    with module.context, ir.Location.unknown():
-        for block in function_bodies(module):
-            for op in list(block.operations):
-                if op.operation.name == "tosa.conv2d" and _as_patches(op.operation):
-                    count += 1
-            fold_layout(block)  # the weight's reshape into a constant
-    return count
+    return rewrite_each(module, ("tosa.conv2d",), _as_patches)  # the weights' reshapes folded into constants
 
 
 def _ints(op: ir.Operation, name: str) -> list[int]:

@@ -555,10 +555,12 @@ def plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
     if inner is not None:  # a square tile, transposed in registers, instead of a strided gather
         sizes[-1] = _tile(loops[-1], t.transpose)
         sizes[inner] = _tile(loops[inner], t.transpose)
-    elif _peel_lanes(loops[-1], sizes[-1], t.vector, t.lanes):
-        if loops[-1] % t.lanes == 0:  # 80 in tiles of 16, not 40 (whole registers, nothing to peel)
-            sizes[-1] = _lanes_divisor(loops[-1], t.vector, t.lanes)
-        else:
+    elif loops[-1] is not None and loops[-1] > t.vector:
+        # whole registers: 80 in tiles of 16, not 40; or, without a divisor of whole registers, one
+        # register and the remainder peeled: a softmax over rows of 100 in tiles of 50
+        # (vector<50xf32>) ran 5x slower than eager, 3.2x faster peeled
+        sizes[-1] = _lanes_divisor(loops[-1], t.vector, t.lanes)
+        if sizes[-1] % t.lanes:
             sizes[-1] = t.lanes
             return tuple(sizes), tuple(order), tuple(sorted((*_partial(loops, sizes), len(loops) - 1))), ()
     return tuple(sizes), tuple(order), _partial(loops, sizes), ()
@@ -580,14 +582,6 @@ def _peel_rows(n: Extent, rows: int) -> bool:
     most half of the register tile's rows (a 7 x 7 feature map's 49 rows with AVX2's tile of 4:
     in tiles of 1 a 49 x 4608 x 512 matmul ran at 8.9 GF/s, 48 rows at 30)."""
     return n is not None and n > rows and 2 * _divisor(n, rows) <= rows
-
-
-def _peel_lanes(n: Extent, tile: int, vector: int, lanes: int) -> bool:
-    """Whether an elementwise or reduction op's static inner size `n`, longer than the vector
-    tile, is better tiled by one vector register (`lanes`) with its remainder peeled than by its
-    divisor `tile`: when that divisor is not a whole number of registers (a softmax over rows of
-    100 in tiles of 50, vector<50xf32>, ran 5x slower than eager; 3.2x faster peeled)."""
-    return n is not None and n > vector and tile % lanes != 0
 
 
 def _peel_columns(n: Extent, columns: int) -> bool:
@@ -900,9 +894,6 @@ def _loop_sizes(op: ir.Operation) -> tuple[Extent, ...] | None:
         n, oh, ow, f = _shape(op.results[0])
         if None in w or f is None:
             return None
-        if op.name == _CONV and ir.ShapedType(op.operands[0].type).element_type != \
-                ir.ShapedType(op.operands[1].type).element_type:
-            return None  # transpose_conv2d (LLVM 22) gives the HWCF filter the input's element type: i16 x i8
         kh, kw, c = w[1:] if op.name == _CONV else w[:3]  # FHWC or HWCF
         return (n, oh, ow, f, kh, kw, c)
     if op.name == _DEPTHWISE:
