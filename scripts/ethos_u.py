@@ -133,16 +133,13 @@ class Row:
 
 def measure(path: Path) -> Row:
     """TOSA ops and transposes of the file at `path`, and Vela's report of it."""
-    import torchtosa
+    from vela_report import file_ops
+
     from torchtosa import vela
 
-    loaded = torchtosa.load(path)
-    with loaded.context:
-        names = [op.operation.name for f in loaded.module.body.operations for op in f.regions[0].blocks[0].operations]
-    ops = [n for n in names if n.startswith("tosa.") and n not in ("tosa.const", "tosa.const_shape")]
+    ops, transposes = file_ops(path)
     r = vela.compile(path, accelerator=ACCELERATOR)
-    return Row(len(ops), ops.count("tosa.transpose"), len(r.npu_ops), len(r.cpu_ops), r.cycles, r.sram_used,
-               r.dram_used)
+    return Row(ops, transposes, len(r.npu_ops), len(r.cpu_ops), r.cycles, r.sram_used, r.dram_used)
 
 
 def rows(executorch: bool) -> list[str]:

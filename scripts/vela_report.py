@@ -92,7 +92,12 @@ def tosa_ops(program: torchtosa.Program) -> tuple[int, int]:
     """The operators of the program's flatbuffer (not its constants) and its transposes."""
     with tempfile.TemporaryDirectory() as tmp:
         program.save(Path(tmp) / "model.tosa")
-        loaded = torchtosa.load(Path(tmp) / "model.tosa")
+        return file_ops(Path(tmp) / "model.tosa")
+
+
+def file_ops(path: Path) -> tuple[int, int]:
+    """The operators of a TOSA flatbuffer (not its constants) and its transposes."""
+    loaded = torchtosa.load(path)
     with loaded.context:
         names = [op.operation.name for f in loaded.module.body.operations
                  for op in f.regions[0].blocks[0].operations]
