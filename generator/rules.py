@@ -22,7 +22,8 @@ from torchtosa.importer import rules as rule_runtime
 from .source import Located, SpecError
 
 TENSOR_ATTRS = ("shape", "rank", "dtype")
-DTYPES = ("f16", "bf16", "f32", "f64", "i8", "i16", "i32", "i64", "u8", "bool")
+DTYPES = ("f16", "bf16", "f32", "f64", "i8", "i16", "i32", "i48", "i64", "u8", "bool")
+TENSOR_DTYPES = tuple(d for d in DTYPES if d != "i48")  # i48 (TOSA's int16 accumulator) is no torch dtype
 CONSTANTS = {"None": "None", "True": "True", "False": "False", "inf": "R.inf"}
 
 # Python builtins the rule language re-exports (runtime/importer/rules.py): name -> (min, max) arity.

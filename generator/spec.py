@@ -20,7 +20,7 @@ from lark import Tree
 
 from torchtosa import quant  # noqa: F401  registers torch.ops.torchtosa (quantized group ops)
 
-from .rules import DTYPES, Compiler, Scope, compile_expr, compile_message, parse, py_name, strip_parens
+from .rules import DTYPES, TENSOR_DTYPES, Compiler, Scope, compile_expr, compile_message, parse, py_name, strip_parens
 from .source import Located, load_yaml
 
 # ---------------------------------------------------------------- helpers
@@ -716,8 +716,8 @@ def _sample_value(value: Any, arg: Arg, dt: str | None, at: Located) -> Any:
         return [None if v is None and arg.type == "Tensor?[]" else
                 _tensor_sample(_expect(v, str, f"sample {arg.name}", at), dt) for v in items]
     if arg.type.rstrip("?") == "ScalarType" and value is not None:
-        if str(value) not in DTYPES:
-            raise at.error(f"a dtype sample is one of {', '.join(DTYPES)}")
+        if str(value) not in TENSOR_DTYPES:
+            raise at.error(f"a dtype sample is one of {', '.join(TENSOR_DTYPES)}")
         return ("dtype", str(value))
     return value if not isinstance(value, Located) else str(value)
 
@@ -729,8 +729,8 @@ def _tensor_sample(text: Located, dt: str | None) -> tuple[str, str, tuple[int, 
     dtype = m["dtype"]
     if dtype == "T":
         dtype = dt or "f32"
-    if dtype not in DTYPES:
-        raise text.error(f"unknown dtype {dtype!r}; dtypes: {', '.join(DTYPES)}")
+    if dtype not in TENSOR_DTYPES:
+        raise text.error(f"unknown dtype {dtype!r}; dtypes: {', '.join(TENSOR_DTYPES)}")
     dims = tuple(int(d) for d in m["dims"].replace(" ", "").split(",") if d)
     return ("tensor", dtype, dims)
 
@@ -817,8 +817,8 @@ def load_entry(name: Located, entry: Any, family: str, catalogue: dict[str, Tosa
         patterns=_load_patterns(entry["match"], name, args) if "match" in entry else [])
     dtypes = _expect(entry.get("sample_dtypes", ["f32"]), list, "sample_dtypes", name)
     for d in dtypes:
-        if d not in DTYPES:
-            raise _where(d, name).error(f"unknown dtype {str(d)!r}; dtypes: {', '.join(DTYPES)}")
+        if d not in TENSOR_DTYPES:
+            raise _where(d, name).error(f"unknown dtype {str(d)!r}; dtypes: {', '.join(TENSOR_DTYPES)}")
     dtypes = [str(d) for d in dtypes]
     samples = _expect(entry.get("samples", []), list, "samples", name)
     if not samples:

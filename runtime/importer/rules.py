@@ -19,6 +19,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..errors import InvalidInput
 from . import target
+from .tosa import INT48 as i48
 
 f16, bf16, f32, f64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
 i8, i16, i32, i64, u8, bool_ = torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool
@@ -182,6 +183,12 @@ def is_integral_value(x: Any) -> bool:
 def acc_type(dt: torch.dtype) -> torch.dtype:
     """The accumulator dtype TOSA uses for convolutions and matmuls of `dt`."""
     return torch.float32 if dt.is_floating_point else torch.int32 if dt in (i8, i16, u8) else torch.int64
+
+
+def product_acc_type(dt: torch.dtype) -> Any:
+    """The accumulator of TOSA's convolutions and matmul of `dt`: i48 for int16 (EXT-INT16), else
+    acc_type's (pooling sums int16 in i32)."""
+    return i48 if dt == i16 else acc_type(dt)
 
 
 def itemsize(dt: torch.dtype) -> int:
@@ -755,25 +762,34 @@ def rounded(v: Any, dt: torch.dtype) -> float:
 # ---- added by int8b (integer DQ -> op -> Q groups)
 
 
-def rescale_scale32(scale: float) -> list[int] | None:
-    """[multiplier, shift] of a TOSA RESCALE (scale32) for the real `scale` > 0, derived as
-    MLIR's TOSA quantization utilities do: scale = f * 2^e (frexp, f in [0.5, 1)), multiplier =
-    round(f * 2^31) (half away from zero; 2^31 becomes 2^30 with e + 1), shift = 31 - e.
-    None if the shift leaves [2, 62], the range RESCALE requires (or scale is not positive)."""
+def rescale_scale(scale: float, bits: int = 32) -> list[int] | None:
+    """[multiplier, shift] of a TOSA RESCALE for the real `scale` > 0 with `bits`-bit multipliers
+    (32: scale32; 16: an i48 input's), derived as MLIR's TOSA quantization utilities do: scale =
+    f * 2^e (frexp, f in [0.5, 1)), multiplier = round(f * 2^(bits-1)) (half away from zero;
+    2^(bits-1) becomes 2^(bits-2) with e + 1), shift = bits - 1 - e. None if the shift leaves
+    [2, 62], the range RESCALE requires (or scale is not positive)."""
     if not (scale > 0 and math.isfinite(scale)):
         return None
     f, e = math.frexp(scale)
-    m = math.floor(f * (1 << 31) + 0.5)  # f * 2^31 is exact in a double: round half up
-    if m == 1 << 31:
+    one = 1 << (bits - 1)
+    m = math.floor(f * one + 0.5)  # f * 2^(bits-1) is exact in a double: round half up
+    if m == one:
         m, e = m // 2, e + 1
-    shift = 31 - e
+    shift = bits - 1 - e
     return [m, shift] if 2 <= shift <= 62 else None
 
 
-def rescale_params(input_scale: float, weight_scales: Sequence[float], output_scale: float) -> list[list[int]] | None:
-    """[[multipliers], [shifts]] that rescale an i32 accumulator at scale input_scale *
-    weight_scales[c] to output_scale, per channel; None if one channel's shift is out of range."""
-    pairs = [rescale_scale32(input_scale * builtins.float(s) / output_scale) for s in weight_scales]
+def rescale_scale32(scale: float) -> list[int] | None:
+    """rescale_scale with 32-bit multipliers (scale32)."""
+    return rescale_scale(scale, 32)
+
+
+def rescale_params(input_scale: float, weight_scales: Sequence[float], output_scale: float,
+                   bits: int = 32) -> list[list[int]] | None:
+    """[[multipliers], [shifts]] that rescale an accumulator at scale input_scale *
+    weight_scales[c] to output_scale, per channel, with `bits`-bit multipliers (16 for an i48
+    accumulator); None if one channel's shift is out of range."""
+    pairs = [rescale_scale(input_scale * builtins.float(s) / output_scale, bits) for s in weight_scales]
     if any(p is None for p in pairs):
         return None
     return [[p[0] for p in pairs], [p[1] for p in pairs]]
@@ -789,7 +805,12 @@ def quantize_bias(bias: Sequence[float] | None, input_scale: float, weight_scale
 
 
 def fits_i32(values: Sequence[int]) -> bool:
-    return all(-(1 << 31) <= v < (1 << 31) for v in values)
+    return fits_bits(values, 32)
+
+
+def fits_bits(values: Sequence[int], bits: int) -> bool:
+    """Whether every value fits a signed integer of `bits` bits (48: an int16 convolution's bias)."""
+    return all(-(1 << (bits - 1)) <= v < (1 << (bits - 1)) for v in values)
 
 
 # ---- quantized elementwise ops (opdefs/quantize_eltwise.yaml)
@@ -802,19 +823,26 @@ def rescale_bounded(scale: float, bound: Any) -> list[int] | None:
     return ms if ms is not None and bound < (1 << (ms[1] - 1)) else None
 
 
+def centred_bound(dt: torch.dtype) -> int:
+    """The largest |q - zero_point| of an int8 value (255: any zero point in [-128, 127]) or an
+    int16 one (2^15: TOSA's int16 activations have zero point 0): the bound rescale_bounded takes
+    for a RESCALE of the raw values."""
+    return 255 if dt == i8 else 1 << 15
+
+
 # ---- quantized CNN groups (clamp bounds, pooling)
 
 
 def quantize_scalar(v: float, scale: float, zero_point: int, quant_min: int, quant_max: int) -> int:
     """The f32 value `v` quantized as PT2E's quantize_per_tensor does it (times the f32 inverse
-    scale, rounded half to even, plus the zero point, clamped): the int8 bound of a clamp
+    scale, rounded half to even, plus the zero point, clamped): the integer bound of a clamp
     fused before a quantize (rounding is monotone, so clamp-then-quantize is
     quantize-then-clamp at these bounds)."""
     import torch.ao.quantization.fx._decomposed  # registers quantized_decomposed
 
     x = torch.tensor([builtins.float(v)], dtype=torch.float32)
     q = torch.ops.quantized_decomposed.quantize_per_tensor.default(x, scale, zero_point, quant_min, quant_max,
-                                                                   torch.int8)
+                                                                   torch.int32)  # any integer dtype: clamped
     return builtins.int(q.item())
 # ---- added by qtab (quantized transformer ops: tables, activation matmul)
 

@@ -65,6 +65,11 @@ class Target:
         """int64 values are held in i32 (no int64 extension)."""
         return "int64" not in self.extensions
 
+    @property
+    def clamp_types(self) -> tuple[str, ...]:
+        """The integer element types TOSA's CLAMP takes: i8 (PRO-INT), i16 with EXT-INT16."""
+        return ("i8", "i16") if "int16" in self.extensions else ("i8",)
+
     def storage(self, dtype: torch.dtype) -> str | None:
         """The MLIR element type of `dtype` under this target, where it differs from the native one."""
         if dtype == torch.bool:

@@ -35,12 +35,32 @@ _ELEMENT = {
 }
 
 
+class Int48:
+    """TOSA's i48, the accumulator of int16 x int8 convolutions (EXT-INT16), which torch has
+    no dtype for: the rule language's `i48`. Only lowerings' intermediate values have it (the
+    accumulator and bias of a convolution, the input of the RESCALE after it); it answers the
+    questions rules ask of a torch.dtype."""
+
+    is_floating_point = is_complex = False
+    is_signed = True
+    itemsize = 8  # what LLVM allocates for an i48 (lower/pipeline.py)
+    bits = 48
+
+    def __repr__(self) -> str:
+        return "i48"
+
+
+INT48 = Int48()
+
+
 def element_type(dtype: torch.dtype, i1: bool = False) -> ir.Type:
     """The MLIR element type a torch dtype lives in: bool as i8 unless `i1`, and under a TOSA
     target the target's storage type (`Target.storage`: bool as i1, int64 as i32 without the
     int64 extension)."""
     if i1 and dtype == torch.bool:
         return ir.IntegerType.get_signless(1)
+    if dtype is INT48:
+        return ir.IntegerType.get_signless(48)
     if dtype not in _ELEMENT:
         raise Unsupported(f"dtype {dtype} has no TOSA element type; supported: "
                           + ", ".join(str(d).removeprefix("torch.") for d in _ELEMENT))
@@ -141,6 +161,8 @@ def dense(value: Any, result: ir.RankedTensorType) -> ir.DenseElementsAttr:
 
     Non-splat data goes through one buffer copy (numpy), not one attribute per element."""
     elem = result.element_type
+    if str(elem) == "i48":
+        return _dense_i48(value, result)
     storage = _STORAGE[str(elem)]
     exact = storage if storage.is_floating_point or storage == torch.bool else torch.int64  # before the fit check
     data = value.detach() if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=exact)
@@ -163,6 +185,17 @@ def dense(value: Any, result: ir.RankedTensorType) -> ir.DenseElementsAttr:
     if storage == torch.bfloat16:  # numpy has no bfloat16: hand over the bits
         data = data.view(torch.int16)
     return ir.DenseElementsAttr.get(data.numpy(), type=elem, shape=list(result.shape))
+
+
+def _dense_i48(value: Any, result: ir.RankedTensorType) -> ir.DenseElementsAttr:
+    """An i48 dense attribute (biases of int16 convolutions: short lists), through its text: the
+    bindings take no buffer of 6-byte elements."""
+    data = torch.as_tensor(value, dtype=torch.int64).reshape(-1)
+    if data.numel() and (data.min() < -(1 << 47) or data.max() >= 1 << 47):
+        raise Unsupported(f"a constant with values in [{data.min()}, {data.max()}] does not fit i48")
+    if data.numel() == 1:
+        return ir.DenseElementsAttr.get_splat(result, ir.IntegerAttr.get(result.element_type, int(data[0])))
+    return ir.Attribute.parse(f"dense<{data.reshape(result.shape).tolist()}> : {result}")
 
 
 class Builder:
@@ -223,7 +256,8 @@ class Builder:
     def _for_target(self, aim: target.Target, name: str, operands: Sequence[Tensor | ShapeOperand | ir.Value],
                     attrs: dict[str, tuple[str, Any]], shape: tuple[Dim, ...], dtype: torch.dtype) -> Tensor | None:
         """What a TOSA target changes: only TOSA ops; casts between types held alike vanish; an
-        integer clamp (i8 only in TOSA 1.0) is a maximum and a minimum. None: create as usual."""
+        integer clamp of a type the target's CLAMP lacks (`Target.clamp_types`) is a maximum and a
+        minimum. None: create as usual."""
         if name == "tensor.empty":  # a zero-element result nothing uses (the importer checks)
             return Tensor(None, shape, dtype)
         if not name.startswith("tosa."):
@@ -248,7 +282,7 @@ class Builder:
                 one, zero = (self.constant(v, dtype, [1] * len(shape)) for v in (1, 0))
                 return self.create("tosa.select", [first, one, zero], {}, shape, dtype)
         if (name == "tosa.clamp" and isinstance(first, Tensor) and not first.dtype.is_floating_point
-                and str(element_type(first.dtype)) != "i8"):
+                and str(element_type(first.dtype)) not in aim.clamp_types):
             # a bound beyond what the storage type holds (int64's max for an int64 held in i32,
             # whose values provably fit) changes nothing: that side is left out
             bits = ir.IntegerType(element_type(first.dtype)).width

@@ -5,7 +5,7 @@ and PyTorch's own float computation of the group.
 kernel (so eager runs, constant folding and FakeTensor shapes are the group's own). Each op
 has a YAML entry (opdefs/quantize_*.yaml) whose `match` declares the groups it replaces and
 whose emit lines are its integer TOSA. The helpers below are the group's float computation:
-dequantize the int8 operands, quantize the float result. This module imports only torch (the
+dequantize the integer operands, quantize the float result (to the group's `dtype`: int8, or int16 where the lowering has an int16 form). This module imports only torch (the
 generator loads the package to check the entries' schemas).
 """
 
@@ -39,10 +39,12 @@ def group_op(schema: str) -> Callable[[Callable], Callable]:
 
 
 def dequantize(input: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
-    """An int8 activation's float values, as PT2E's dequantize_per_tensor computes them."""
-    return QD.dequantize_per_tensor.default(input, scale, zero_point, -128, 127, torch.int8)
+    """An int8 or int16 activation's float values, as PT2E's dequantize_per_tensor computes them."""
+    info = torch.iinfo(input.dtype)
+    return QD.dequantize_per_tensor.default(input, scale, zero_point, info.min, info.max, input.dtype)
 
 
-def quantize(y: torch.Tensor, scale: float, zero_point: int, quant_min: int, quant_max: int) -> torch.Tensor:
-    """A float result as int8, as PT2E's quantize_per_tensor computes it."""
-    return QD.quantize_per_tensor.default(y, scale, zero_point, quant_min, quant_max, torch.int8)
+def quantize(y: torch.Tensor, scale: float, zero_point: int, quant_min: int, quant_max: int,
+             dtype: torch.dtype = torch.int8) -> torch.Tensor:
+    """A float result as int8 (or `dtype`), as PT2E's quantize_per_tensor computes it."""
+    return QD.quantize_per_tensor.default(y, scale, zero_point, quant_min, quant_max, dtype)

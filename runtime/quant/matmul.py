@@ -17,11 +17,11 @@ from .library import QD, dequantize, group_op, quantize
 
 _QLINEAR = ("qlinear(Tensor input, float input_scale, int input_zero_point, Tensor weight, float[] weight_scales, "
             "int[] weight_zero_points, float[]? bias, float output_scale, int output_zero_point, int quant_min, "
-            "int quant_max, float? min_val, float? max_val) -> Tensor")
+            "int quant_max, float? min_val, float? max_val, ScalarType dtype) -> Tensor")
 _QCONV2D = ("qconv2d(Tensor input, float input_scale, int input_zero_point, Tensor weight, float[] weight_scales, "
             "int[] weight_zero_points, float[]? bias, int[] stride, int[] padding, int[] dilation, int groups, "
             "float output_scale, int output_zero_point, int quant_min, int quant_max, float? min_val, "
-            "float? max_val) -> Tensor")
+            "float? max_val, ScalarType dtype) -> Tensor")
 
 
 def _dequantized(input: torch.Tensor, input_scale: float, input_zero_point: int, weight: torch.Tensor,
@@ -39,23 +39,23 @@ def _dequantized(input: torch.Tensor, input_scale: float, input_zero_point: int,
 
 
 def _quantized(y: torch.Tensor, min_val: float | None, max_val: float | None, output_scale: float,
-               output_zero_point: int, quant_min: int, quant_max: int) -> torch.Tensor:
+               output_zero_point: int, quant_min: int, quant_max: int, dtype: torch.dtype) -> torch.Tensor:
     if min_val is not None or max_val is not None:  # relu, hardtanh and clamp compute this
         y = torch.clamp(y, min_val, max_val)
-    return quantize(y, output_scale, output_zero_point, quant_min, quant_max)
+    return quantize(y, output_scale, output_zero_point, quant_min, quant_max, dtype)
 
 
 @group_op(_QLINEAR)
 def qlinear(input: torch.Tensor, input_scale: float, input_zero_point: int, weight: torch.Tensor,
             weight_scales: list[float], weight_zero_points: list[int], bias: list[float] | None,
             output_scale: float, output_zero_point: int, quant_min: int, quant_max: int,
-            min_val: float | None, max_val: float | None) -> torch.Tensor:
+            min_val: float | None, max_val: float | None, dtype: torch.dtype) -> torch.Tensor:
     x, w, b = _dequantized(input, input_scale, input_zero_point, weight, weight_scales, weight_zero_points, bias)
     if b is not None and x.dim() == 2:
         y = torch.ops.aten.addmm.default(b, x, w.t())  # as the captured graph computes it
     else:
         y = torch.nn.functional.linear(x, w, b)
-    return _quantized(y, min_val, max_val, output_scale, output_zero_point, quant_min, quant_max)
+    return _quantized(y, min_val, max_val, output_scale, output_zero_point, quant_min, quant_max, dtype)
 
 
 @group_op(_QCONV2D)
@@ -63,7 +63,7 @@ def qconv2d(input: torch.Tensor, input_scale: float, input_zero_point: int, weig
             weight_scales: list[float], weight_zero_points: list[int], bias: list[float] | None,
             stride: list[int], padding: list[int], dilation: list[int], groups: int,
             output_scale: float, output_zero_point: int, quant_min: int, quant_max: int,
-            min_val: float | None, max_val: float | None) -> torch.Tensor:
+            min_val: float | None, max_val: float | None, dtype: torch.dtype) -> torch.Tensor:
     x, w, b = _dequantized(input, input_scale, input_zero_point, weight, weight_scales, weight_zero_points, bias)
     y = torch.ops.aten.convolution.default(x, w, b, stride, padding, dilation, False, [0, 0], groups)
-    return _quantized(y, min_val, max_val, output_scale, output_zero_point, quant_min, quant_max)
+    return _quantized(y, min_val, max_val, output_scale, output_zero_point, quant_min, quant_max, dtype)

@@ -14,20 +14,20 @@ import torch
 from .library import dequantize, group_op, quantize
 
 _IN = "Tensor input, float input_scale, int input_zero_point"
-_OUT = "float output_scale, int output_zero_point, int quant_min, int quant_max"
+_OUT = "float output_scale, int output_zero_point, int quant_min, int quant_max, ScalarType dtype"
 
 
 @group_op(f"qclone({_IN}, {_OUT}) -> Tensor")
 def qclone(input: torch.Tensor, input_scale: float, input_zero_point: int, output_scale: float,
-           output_zero_point: int, quant_min: int, quant_max: int) -> torch.Tensor:
+           output_zero_point: int, quant_min: int, quant_max: int, dtype: torch.dtype) -> torch.Tensor:
     """The dequantized input requantized (clone, dropout in eval mode)."""
     y = dequantize(input, input_scale, input_zero_point).clone()
-    return quantize(y, output_scale, output_zero_point, quant_min, quant_max)
+    return quantize(y, output_scale, output_zero_point, quant_min, quant_max, dtype)
 
 
 @group_op(f"qmul_scalar({_IN}, float other, {_OUT}) -> Tensor")
 def qmul_scalar(input: torch.Tensor, input_scale: float, input_zero_point: int, other: float, output_scale: float,
-                output_zero_point: int, quant_min: int, quant_max: int) -> torch.Tensor:
+                output_zero_point: int, quant_min: int, quant_max: int, dtype: torch.dtype) -> torch.Tensor:
     """The dequantized input times the float constant `other`, quantized."""
     y = dequantize(input, input_scale, input_zero_point) * other
-    return quantize(y, output_scale, output_zero_point, quant_min, quant_max)
+    return quantize(y, output_scale, output_zero_point, quant_min, quant_max, dtype)
