@@ -2,7 +2,9 @@
 
 int8 activations per tensor (asymmetric, [-128, 127]), int8 weights per output channel
 (symmetric, [-127, 127], axis 0 of conv and linear weights, depthwise too), float bias (the
-integer lowering quantizes it to int32 at input_scale * weight_scale). What is quantized is
+integer lowering quantizes it to int32 at input_scale * weight_scale). Or int16 activations
+(symmetric, [-32768, 32767]) with those int8 weights: `TosaQuantizer(a16w8=True)`, for
+`TOSA-1.0+INT+int16` (an i48 accumulator and bias). What is quantized is
 data: `OPS` maps each aten overload (as `torch.export.export(...).module()` has it) to an
 annotation kind, and one small annotator per kind writes the QuantizationAnnotations:
 
@@ -81,13 +83,22 @@ FUSED: dict[str, frozenset[torch._ops.OpOverload]] = {
 }
 
 
-def get_tosa_quantization_config(per_channel: bool = True,
-                                 activation_observer: type = HistogramObserver) -> QuantizationConfig:
+def get_tosa_quantization_config(per_channel: bool = True, activation_observer: type = HistogramObserver,
+                                 activation_dtype: torch.dtype = torch.int8) -> QuantizationConfig:
     """TOSA INT's scheme: int8 activations per tensor, asymmetric in [-128, 127]; int8
-    weights symmetric in [-127, 127], per output channel (axis 0) or per tensor; bias float."""
-    eps = 2.0 ** -12  # the smallest scale (as torchao's XNNPACK config)
+    weights symmetric in [-127, 127], per output channel (axis 0) or per tensor; bias float.
+    `activation_dtype=torch.int16`: int16 activations with int8 weights (a16w8, for the
+    `TOSA-1.0+INT+int16` target), symmetric (TOSA's int16 zero points are 0) over the whole int16
+    range [-32768, 32767], so RESCALE's saturation is the quantize's clamp (no CLAMP ops)."""
+    if activation_dtype not in (torch.int8, torch.int16):
+        raise ValueError(f"TOSA's activations are int8 or int16, not {activation_dtype}")
+    eps = 2.0 ** -12 if activation_dtype == torch.int8 else 2.0 ** -20  # the smallest scale
+    if activation_dtype == torch.int8:
+        low, high, scheme = -128, 127, torch.per_tensor_affine
+    else:
+        low, high, scheme = -32768, 32767, torch.per_tensor_symmetric
     activation = QuantizationSpec(
-        dtype=torch.int8, quant_min=-128, quant_max=127, qscheme=torch.per_tensor_affine, is_dynamic=False,
+        dtype=activation_dtype, quant_min=low, quant_max=high, qscheme=scheme, is_dynamic=False,
         observer_or_fake_quant_ctr=activation_observer.with_args(eps=eps))
     if per_channel:
         weight_observer, qscheme = PerChannelMinMaxObserver, torch.per_channel_symmetric
@@ -252,9 +263,13 @@ class TosaQuantizer(Quantizer):
     docstring). A config is looked up by module name (`set_module_name`), then by operator
     (`set_operator_type`), then the global one (`set_global`); None leaves an op float."""
 
-    def __init__(self, config: QuantizationConfig | None = None) -> None:
+    def __init__(self, config: QuantizationConfig | None = None, a16w8: bool = False) -> None:
         super().__init__()
-        self.global_config = get_tosa_quantization_config() if config is None else config
+        if config is None:
+            config = get_tosa_quantization_config(activation_dtype=torch.int16 if a16w8 else torch.int8)
+        elif a16w8:
+            raise ValueError("TosaQuantizer: give a config or a16w8=True, not both")
+        self.global_config = config
         self.operator_type_config: dict[torch._ops.OpOverload, QuantizationConfig | None] = {}
         self.module_name_config: dict[str, QuantizationConfig | None] = {}
 

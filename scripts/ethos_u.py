@@ -1,4 +1,4 @@
-"""Ethos-U side by side: torchtosa's int8 TOSA and ExecuTorch's Arm backend's, both through Vela.
+"""Ethos-U side by side: torchtosa's int8 (and a16w8) TOSA and ExecuTorch's Arm backend's, both through Vela.
 
 The five models of issue 30 (LeNet with batch norm, transformers' ResNet and MobileNetV2 of the
 tests, torchvision's mobilenet_v2 at 224x224, the ViT of tests/test_models.py), each built with
@@ -9,6 +9,8 @@ statistics) and calibrated on the same 4 seeded random batches by each compiler'
 - ExecuTorch 1.5.1's Arm backend (`make executorch` installs it in .executorch/, run in a
   subprocess with it on PYTHONPATH): its TOSAQuantizer with `get_symmetric_quantization_config()`,
   `to_edge_transform_and_lower` with its TOSAPartitioner for TOSA-1.0+INT, the `.tosa` it writes.
+The CNNs again with int16 activations and int8 weights (a16w8, TOSA-1.0+INT+int16): torchtosa's
+`TosaQuantizer(a16w8=True)`, ExecuTorch's `get_symmetric_a16w8_quantization_config()`.
 Both files compiled by Vela 5.2.0 (`torchtosa.vela.compile`) for ethos-u85-256 with Vela's
 defaults for it (Ethos_U85_SYS_DRAM_Mid, Dedicated_Sram_384KB). The table: TOSA ops (constants
 not counted) and transposes of each file, the ops Vela placed on the NPU and CPU, cycles,
@@ -36,6 +38,10 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 EXECUTORCH = ROOT / ".executorch"  # make executorch: pip install --no-deps --target .executorch ...
 CALIBRATION = 4
+# Quantization schemes: int8 activations and weights, int16 activations with int8 weights; each
+# one's TOSA target. a16w8 is measured on the CNNs (A16W8_MODELS).
+SCHEMES = {"int8": "TOSA-1.0+INT", "a16w8": "TOSA-1.0+INT+int16"}
+A16W8_MODELS = ("lenet_bn", "resnet", "mobilenet_v2")
 ACCELERATOR = "ethos-u85-256"
 BEGIN, END = "<!-- ethos_u.py: begin -->", "<!-- ethos_u.py: end -->"
 
@@ -74,23 +80,27 @@ def inputs(shape: tuple[int, ...]) -> tuple[torch.Tensor, list[tuple[torch.Tenso
     return torch.randn(shape), [(torch.randn(shape),) for _ in range(CALIBRATION)]
 
 
-def torchtosa_file(name: str, out: Path) -> Path:
-    """torchtosa's TOSA file of model `name`, for an NPU."""
+def torchtosa_file(name: str, out: Path, scheme: str = "int8") -> Path:
+    """torchtosa's TOSA file of model `name`, for an NPU, quantized as `scheme` says (SCHEMES)."""
     import torchtosa
-    from torchtosa.quantizer import quantize
+    from torchtosa.quantizer import TosaQuantizer, quantize
 
     build, shape = models()[name]
     example, calibration = inputs(shape)
-    ep = quantize(build(), (example,), calibration)
-    program = torchtosa.to_tosa(ep, target="TOSA-1.0+INT", freeze=True, npu=True)
+    ep = quantize(build(), (example,), calibration, TosaQuantizer(a16w8=scheme == "a16w8"))
+    program = torchtosa.to_tosa(ep, target=SCHEMES[scheme], freeze=True, npu=True)
     path = out / "torchtosa.tosa"
     program.save(path)
     return path
 
 
-def executorch_file(name: str, out: Path) -> Path:
+def executorch_file(name: str, out: Path, scheme: str = "int8") -> Path:
     """ExecuTorch's Arm backend's TOSA file of model `name` (run with .executorch/ on PYTHONPATH)."""
-    from executorch.backends.arm.quantizer import TOSAQuantizer, get_symmetric_quantization_config
+    from executorch.backends.arm.quantizer import (
+        TOSAQuantizer,
+        get_symmetric_a16w8_quantization_config,
+        get_symmetric_quantization_config,
+    )
     from executorch.backends.arm.tosa.compile_spec import TosaCompileSpec
     from executorch.backends.arm.tosa.partitioner import TOSAPartitioner
     from executorch.exir import to_edge_transform_and_lower
@@ -98,9 +108,10 @@ def executorch_file(name: str, out: Path) -> Path:
 
     build, shape = models()[name]
     example, calibration = inputs(shape)
-    spec = TosaCompileSpec("TOSA-1.0+INT")
+    spec = TosaCompileSpec(SCHEMES[scheme])
     quantizer = TOSAQuantizer(spec)
-    quantizer.set_global(get_symmetric_quantization_config())
+    quantizer.set_global(get_symmetric_a16w8_quantization_config() if scheme == "a16w8"
+                         else get_symmetric_quantization_config())
     model = prepare_pt2e(torch.export.export(build(), (example,)).module(check_guards=False), quantizer)
     with torch.no_grad():
         for batch in calibration:
@@ -143,48 +154,50 @@ def measure(path: Path) -> Row:
 
 
 def rows(executorch: bool) -> list[str]:
-    """The table in markdown, one line per model."""
-    head = "| model | input | torchtosa: TOSA ops (transposes) | NPU ops | cycles | SRAM KiB | DRAM KiB |"
-    rule = "|---|---|---:|---:|---:|---:|---:|"
+    """The table in markdown, one line per model and scheme."""
+    head = "| model | input | scheme | torchtosa: TOSA ops (transposes) | NPU ops | cycles | SRAM KiB | DRAM KiB |"
+    rule = "|---|---|---|---:|---:|---:|---:|---:|"
     if executorch:
         head += (" ExecuTorch: TOSA ops (transposes) | NPU ops | cycles | SRAM KiB | DRAM KiB |"
                  " cycles, torchtosa / ExecuTorch |")
         rule += "---:|---:|---:|---:|---:|---:|"
     out = [head, rule]
-    for name, (_, shape) in models().items():
+    runs = [(name, "int8") for name in models()] + [(name, "a16w8") for name in A16W8_MODELS]
+    for name, scheme in runs:
+        shape = models()[name][1]
         with tempfile.TemporaryDirectory(prefix="torchtosa-ethos-u-") as tmp:
-            ours = measure(torchtosa_file(name, Path(tmp)))
-            cells = [name, "x".join(map(str, shape)), *ours.cells()]
+            ours = measure(torchtosa_file(name, Path(tmp), scheme))
+            cells = [name, "x".join(map(str, shape)), scheme, *ours.cells()]
             if executorch:
-                theirs = measure(_in_subprocess(name, Path(tmp) / "executorch"))
+                theirs = measure(_in_subprocess(name, scheme, Path(tmp) / "executorch"))
                 cells += [*theirs.cells(), f"{ours.cycles / theirs.cycles:.2f}"]
         out.append("| " + " | ".join(cells) + " |")
         print(out[-1], file=sys.stderr)
     return out
 
 
-def _in_subprocess(name: str, out: Path) -> Path:
+def _in_subprocess(name: str, scheme: str, out: Path) -> Path:
     """ExecuTorch's file of `name`, made by this script in a process with .executorch/ on its path
     (its tosa-tools and flatbuffers stay out of this one)."""
     out.mkdir()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(EXECUTORCH), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, __file__, "--executorch-file", name, str(out)], env=env,
+    done = subprocess.run([sys.executable, __file__, "--executorch-file", name, scheme, str(out)], env=env,
                           capture_output=True, text=True, check=False)
     files = sorted(out.glob("*.tosa"))
     if done.returncode != 0 or len(files) != 1:
-        raise SystemExit(f"{name}: ExecuTorch's lowering failed:\n{done.stderr[-3000:]}")
+        raise SystemExit(f"{name} ({scheme}): ExecuTorch's lowering failed:\n{done.stderr[-3000:]}")
     return files[0]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--doc", type=Path, help="write the table between the markers of this file")
-    parser.add_argument("--executorch-file", nargs=2, metavar=("MODEL", "DIR"), help=argparse.SUPPRESS)
+    parser.add_argument("--executorch-file", nargs=3, metavar=("MODEL", "SCHEME", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if args.executorch_file:
-            executorch_file(args.executorch_file[0], Path(args.executorch_file[1]))
+            executorch_file(args.executorch_file[0], Path(args.executorch_file[2]), args.executorch_file[1])
             return 0
         executorch = (EXECUTORCH / "executorch").is_dir()
         if not executorch:

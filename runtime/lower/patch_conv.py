@@ -19,7 +19,7 @@ from mlir import ir
 
 from .layout import _producer, _shape, _with_shape, reshape, rewrite_each, transpose
 
-INTEGER = ("i8",)
+INTEGER = ("i8", "i16")  # int16 too (a16w8: i48 sums, exact in any order as i32 ones)
 NATIVE_STRIDE = 3  # the largest stride Ethos-U's convolutions take in hardware
 
 
