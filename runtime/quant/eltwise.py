@@ -67,7 +67,8 @@ def qclamp(input: torch.Tensor, input_scale: float, input_zero_point: int, lower
 
 @group_op(_QCAT)
 def qcat(tensors: list[torch.Tensor], scales: list[float], zero_points: list[int], dim: int,
-         output_scale: float, output_zero_point: int, quant_min: int, quant_max: int, dtype: torch.dtype) -> torch.Tensor:
+         output_scale: float, output_zero_point: int, quant_min: int, quant_max: int,
+         dtype: torch.dtype) -> torch.Tensor:
     if not len(tensors) == len(scales) == len(zero_points):
         raise ValueError(f"qcat: one scale and zero point per tensor ({len(tensors)}): got {len(scales)} and "
                          f"{len(zero_points)}")

@@ -5,8 +5,9 @@ and PyTorch's own float computation of the group.
 kernel (so eager runs, constant folding and FakeTensor shapes are the group's own). Each op
 has a YAML entry (opdefs/quantize_*.yaml) whose `match` declares the groups it replaces and
 whose emit lines are its integer TOSA. The helpers below are the group's float computation:
-dequantize the integer operands, quantize the float result (to the group's `dtype`: int8, or int16 where the lowering has an int16 form). This module imports only torch (the
-generator loads the package to check the entries' schemas).
+dequantize the integer operands, quantize the float result (to the group's `dtype`: int8, or
+int16 where the lowering has an int16 form). This module imports only torch (the generator
+loads the package to check the entries' schemas).
 """
 
 from __future__ import annotations

@@ -46,7 +46,8 @@ def qavg_pool2d(input: torch.Tensor, input_scale: float, input_zero_point: int, 
 
 @group_op(f"qmean({_IN}, int[]? dim, bool keepdim, {_OUT}) -> Tensor")
 def qmean(input: torch.Tensor, input_scale: float, input_zero_point: int, dim: list[int] | None, keepdim: bool,
-          output_scale: float, output_zero_point: int, quant_min: int, quant_max: int, dtype: torch.dtype) -> torch.Tensor:
+          output_scale: float, output_zero_point: int, quant_min: int, quant_max: int,
+          dtype: torch.dtype) -> torch.Tensor:
     y = A.mean.dim(dequantize(input, input_scale, input_zero_point), dim, keepdim)
     return quantize(y, output_scale, output_zero_point, quant_min, quant_max, dtype)
 
@@ -89,13 +90,15 @@ def qslice(input: torch.Tensor, input_scale: float, input_zero_point: int, dim: 
 
 @group_op(f"qselect({_IN}, int dim, int index, {_OUT}) -> Tensor")
 def qselect(input: torch.Tensor, input_scale: float, input_zero_point: int, dim: int, index: int,
-            output_scale: float, output_zero_point: int, quant_min: int, quant_max: int, dtype: torch.dtype) -> torch.Tensor:
+            output_scale: float, output_zero_point: int, quant_min: int, quant_max: int,
+            dtype: torch.dtype) -> torch.Tensor:
     y = A.select.int(dequantize(input, input_scale, input_zero_point), dim, index).contiguous()
     return quantize(y, output_scale, output_zero_point, quant_min, quant_max, dtype)
 
 
 @group_op(f"qpad({_IN}, int[] pad, float value, {_OUT}) -> Tensor")
 def qpad(input: torch.Tensor, input_scale: float, input_zero_point: int, pad: list[int], value: float,
-         output_scale: float, output_zero_point: int, quant_min: int, quant_max: int, dtype: torch.dtype) -> torch.Tensor:
+         output_scale: float, output_zero_point: int, quant_min: int, quant_max: int,
+         dtype: torch.dtype) -> torch.Tensor:
     y = A.constant_pad_nd.default(dequantize(input, input_scale, input_zero_point), pad, value)
     return quantize(y, output_scale, output_zero_point, quant_min, quant_max, dtype)
