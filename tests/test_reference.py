@@ -4,7 +4,7 @@ Every test model, frozen (weights as constants) for its most conformant target, 
 a `.tosa` file and evaluated by `tosa_reference_model`, which follows the TOSA specification
 and stops at any REQUIRE it breaks; its outputs must match eager at the model's tolerance.
 
-The op samples of `opdefs/` go the same way, each lowered for `TOSA-1.0+FP+INT+bf16`: one in
+The op samples of `opdefs/` go the same way, each lowered for `TOSA-1.0+FP+INT+bf16+int16`: one in
 `TORCHTOSA_REFERENCE_STRIDE` (default 4, a fixed selection) in `make test`, all of them in
 `make reference` (stride 1). A sample passes if the op is rejected for the target with a clear
 error (`Unsupported`, `NotConformant`: docs/coverage.md lists those), if its int64 values do not
@@ -30,7 +30,7 @@ import torchtosa
 from torchtosa import InputMismatch, NotConformant, Target, ToolError, Unsupported
 from torchtosa.testing import _tensors, lower_op
 
-TARGET = Target.parse("TOSA-1.0+FP+INT+bf16")
+TARGET = Target.parse("TOSA-1.0+FP+INT+bf16+int16")
 STRIDE = int(os.environ.get("TORCHTOSA_REFERENCE_STRIDE", "4"))
 
 # Inputs for which TOSA leaves the result UNPREDICTABLE while torch defines it: SCATTER requires
