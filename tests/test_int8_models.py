@@ -140,36 +140,6 @@ def test_a16w8_model(name: str) -> None:
     assert report.all_on_npu and report.cycles > 0, report.summary()
 
 
-def _int16_samples() -> list:
-    from test_ops import CASES
-
-    def int16(v: object) -> bool:
-        return v[:2] == ("tensor", "i16") if isinstance(v, tuple) else isinstance(v, list) and any(map(int16, v))
-
-    return [(e, s) for e, s in CASES if e.op.startswith("torchtosa.") and not (s.unsupported or s.raises)
-            and any(map(int16, s.args.values()))]
-
-
-@pytest.mark.parametrize("e,s", _int16_samples(), ids=lambda c: getattr(c, "where", getattr(c, "op", "")))
-def test_int16_sample_conforms(e: object, s: object) -> None:
-    """Each int16 sample of a group op lowers to TOSA-1.0+INT+int16 (no Unsupported, no
-    NotConformant), runs natively with the reference model's bits, within one quantum of the
-    group's PyTorch computation."""
-    from test_ops import entry_for, make_args
-
-    from torchtosa.testing import _tensors, lower_op
-
-    torch.manual_seed(0)
-    args = make_args(e, s)
-    program = lower_op(entry_for(e), args, torchtosa.Target.parse("TOSA-1.0+INT+int16"))
-    tensors = _tensors(args)
-    (got,) = NativeFunction(program.module, program.inputs, program.outputs, name=program.name)(*tensors)
-    (ref,) = program.reference(*tensors)
-    want = getattr(torch.ops.torchtosa, e.op.split(".")[1]).default(*args)
-    assert got.dtype == want.dtype == torch.int16 and torch.equal(got, ref)
-    assert (got.int() - want.int()).abs().max().item() <= 1
-
-
 def test_example_int8_lenet(tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]) -> None:
     """examples/int8_lenet.py (the README's int8 walk-through) runs: every group integer, a
     .tosa file, the reference model within one quantum of PyTorch, Vela all on the NPU."""

@@ -28,6 +28,7 @@ from test_ops import CASES, IDS, check_results, entry_for, make_args
 
 import torchtosa
 from torchtosa import InputMismatch, NotConformant, Target, ToolError, Unsupported
+from torchtosa.execute.native import NativeFunction
 from torchtosa.testing import _tensors, lower_op
 
 TARGET = Target.parse("TOSA-1.0+FP+INT+bf16+int16")
@@ -90,3 +91,27 @@ def test_sample_on_reference_model(e: Any, s: Any) -> None:
             return
         raise
     check_results(e, s, got, args)
+
+
+def _int16_samples() -> list:
+    def int16(v: object) -> bool:
+        return v[:2] == ("tensor", "i16") if isinstance(v, tuple) else isinstance(v, list) and any(map(int16, v))
+
+    return [(e, s) for e, s in CASES if e.op.startswith("torchtosa.") and not (s.unsupported or s.raises)
+            and any(map(int16, s.args.values()))]
+
+
+@pytest.mark.parametrize("e,s", _int16_samples(), ids=lambda c: getattr(c, "where", getattr(c, "op", "")))
+def test_int16_sample_conforms(e: object, s: object) -> None:
+    """Each int16 sample of a group op lowers to TOSA-1.0+INT+int16 (no Unsupported, no
+    NotConformant), runs natively with the reference model's bits, within one quantum of the
+    group's PyTorch computation."""
+    torch.manual_seed(0)
+    args = make_args(e, s)
+    program = lower_op(entry_for(e), args, torchtosa.Target.parse("TOSA-1.0+INT+int16"))
+    tensors = _tensors(args)
+    (got,) = NativeFunction(program.module, program.inputs, program.outputs, name=program.name)(*tensors)
+    (ref,) = program.reference(*tensors)
+    want = getattr(torch.ops.torchtosa, e.op.split(".")[1]).default(*args)
+    assert got.dtype == want.dtype == torch.int16 and torch.equal(got, ref)
+    assert (got.int() - want.int()).abs().max().item() <= 1
