@@ -4,7 +4,8 @@ int8 activations per tensor (asymmetric, [-128, 127]), int8 weights per output c
 (symmetric, [-127, 127], axis 0 of conv and linear weights, depthwise too), float bias (the
 integer lowering quantizes it to int32 at input_scale * weight_scale). Or int16 activations
 (symmetric, [-32768, 32767]) with those int8 weights: `TosaQuantizer(a16w8=True)`, for
-`TOSA-1.0+INT+int16` (an i48 accumulator and bias). What is quantized is
+`TOSA-1.0+INT+int16` (an i48 accumulator and bias); the ops of `INT8_ONLY` (softmax, layer
+norm, table activations) stay int8 there, requantized at their edges. What is quantized is
 data: `OPS` maps each aten overload (as `torch.export.export(...).module()` has it) to an
 annotation kind, and one small annotator per kind writes the QuantizationAnnotations:
 
@@ -48,7 +49,8 @@ with warnings.catch_warnings():
     )
     from torchao.quantization.pt2e.quantizer.utils import QuantizationConfig, get_module_name_filter
 
-__all__ = ["FUSED", "OPS", "TosaQuantizer", "decompose_attention", "get_tosa_quantization_config", "quantize"]
+__all__ = ["FUSED", "INT8_ONLY", "OPS", "TosaQuantizer", "decompose_attention", "get_tosa_quantization_config",
+           "quantize"]
 
 aten = torch.ops.aten
 _KEY = "quantization_annotation"
@@ -74,6 +76,13 @@ OPS: dict[torch._ops.OpOverload, str] = {
                     "split"),
     aten.cat.default: "cat",
 }
+
+# Ops whose integer lowerings are int8 only (softmax's and layer norm's fixed-point arithmetic,
+# the 256-entry TABLEs of activations): under a16w8 they keep the int8 config, so their int16
+# inputs are requantized to int8 and their outputs back (torchtosa.qrequantize: one RESCALE).
+INT8_ONLY: frozenset[torch._ops.OpOverload] = frozenset([
+    aten.softmax.int, aten.layer_norm.default, aten.sigmoid.default, aten.tanh.default, aten.hardswish.default,
+    aten.hardswish_.default, aten.hardsigmoid.default, aten.gelu.default, aten.silu.default, aten.silu_.default])
 
 # Activations fused into the op before them: the group's output is the activation's.
 FUSED: dict[str, frozenset[torch._ops.OpOverload]] = {
@@ -272,6 +281,9 @@ class TosaQuantizer(Quantizer):
         self.global_config = config
         self.operator_type_config: dict[torch._ops.OpOverload, QuantizationConfig | None] = {}
         self.module_name_config: dict[str, QuantizationConfig | None] = {}
+        if a16w8:
+            int8 = get_tosa_quantization_config()
+            self.operator_type_config.update(dict.fromkeys(INT8_ONLY, int8))
 
     def set_global(self, config: QuantizationConfig | None) -> TosaQuantizer:
         self.global_config = config

@@ -216,11 +216,23 @@ def _follow(op: ir.Operation, entry: dict) -> tuple[int, ...]:
 
 
 def _entry(op: ir.Operation) -> dict | None:
-    """The layout entry of `op` if it may move into a region: one result, of a static shape."""
+    """The layout entry of `op` if it may move into a region: one result, of a static shape, and
+    no i48 value (an int16 convolution's accumulator, which TOSA transposes and reshapes don't
+    take: its RESCALE stays where it is)."""
     entry = _table().get(op.name)
     if entry is None or len(op.results) != 1 or _shape(op.results[0]) is None:
         return None
+    if any(_element(v) == "i48" for v in (*op.operands, op.results[0])):
+        return None
     return entry
+
+
+def _element(value: ir.Value) -> str | None:
+    """The element type of a tensor value (None for a `!tosa.shape`)."""
+    try:
+        return str(ir.RankedTensorType(value.type).element_type)
+    except ValueError:
+        return None
 
 
 # ---------------------------------------------------------------- folding

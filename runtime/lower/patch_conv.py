@@ -10,7 +10,9 @@ laid out as `[N, kh, OH OW, kw C]` (a reshape, a transpose of OH and kh, a resha
 same order); 2,656 + 2,477 cycles there. (A 1x1 convolution of the patches as channels would
 need (kh, kw, C) together, a 4-D transpose Vela splits into five: 20,000 cycles; the input as
 batches of `kh` rows, no transpose, one convolution per batch: 12,000.) Integer convolutions
-only: their i32 sums are exact in any order (a float sum would round differently).
+only: their i32 (int16: i48) sums are exact in any order (a float sum would round differently).
+An i48 result is not reshaped (TOSA reshapes no i48): its per-channel RESCALE moves before the
+reshape.
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ def _as_patches(conv: ir.Operation) -> bool:
             _ints(conv, "dilation") != [1, 1] or h % kh or width % kw:
         return False
     oh, ow = h // kh, width // kw
+    # an int16 convolution's i48 sums can't be reshaped (TOSA): the reshape goes after their RESCALE
+    users = [u.owner for u in conv.results[0].uses]
+    wide = str(ir.RankedTensorType(conv.results[0].type).element_type) == "i48"
+    if wide and (len(users) != 1 or users[0].name != "tosa.rescale"):
+        return False
     attrs = {name: conv.attributes[name] for name in conv.attributes}
     attrs["stride"] = ir.DenseI64ArrayAttr.get([1, 1])
     with ir.InsertionPoint(conv), conv.location:
@@ -57,7 +64,16 @@ def _as_patches(conv: ir.Operation) -> bool:
         flat = reshape(w, [o, kh, 1, kw * c])
         new = ir.Operation.create("tosa.conv2d", results=[_with_shape(conv.results[0], [n, 1, oh * ow, o])],
                                   operands=[bands, flat, *list(conv.operands)[2:]], attributes=attrs)
-        result = reshape(new.results[0], [n, oh, ow, o])
-    conv.results[0].replace_all_uses_with(result)
+        if not wide:
+            conv.results[0].replace_all_uses_with(reshape(new.results[0], [n, oh, ow, o]))
+            conv.erase()
+            return True
+        rescale = users[0].operation
+        with ir.InsertionPoint(rescale), rescale.location:
+            scaled = ir.Operation.create("tosa.rescale", results=[_with_shape(rescale.results[0], [n, 1, oh * ow, o])],
+                                         operands=[new.results[0], *list(rescale.operands)[1:]],
+                                         attributes={name: rescale.attributes[name] for name in rescale.attributes})
+            rescale.results[0].replace_all_uses_with(reshape(scaled.results[0], [n, oh, ow, o]))
+    rescale.erase()
     conv.erase()
     return True

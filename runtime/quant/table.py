@@ -49,7 +49,7 @@ _QLAYERNORM = ("qlayernorm(Tensor input, float input_scale, int input_zero_point
                "int quant_max) -> Tensor")
 _QMATMUL = ("qmatmul(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, "
             "float output_scale, int output_zero_point, int quant_min, int quant_max, int[] a_perm, "
-            "int[] b_perm) -> Tensor")
+            "int[] b_perm, ScalarType dtype) -> Tensor")
 
 
 @group_op(_QUNARY)
@@ -77,10 +77,10 @@ def unary_table(function: str, alpha: float, input_scale: float, input_zero_poin
 @group_op(_QMATMUL)
 def qmatmul(a: torch.Tensor, a_scale: float, a_zero_point: int, b: torch.Tensor, b_scale: float,
             b_zero_point: int, output_scale: float, output_zero_point: int, quant_min: int,
-            quant_max: int, a_perm: list[int], b_perm: list[int]) -> torch.Tensor:
+            quant_max: int, a_perm: list[int], b_perm: list[int], dtype: torch.dtype) -> torch.Tensor:
     af, bf = dequantize(a, a_scale, a_zero_point), dequantize(b, b_scale, b_zero_point)
     y = torch.matmul(af.permute(a_perm) if a_perm else af, bf.permute(b_perm) if b_perm else bf)
-    return quantize(y, output_scale, output_zero_point, quant_min, quant_max)
+    return quantize(y, output_scale, output_zero_point, quant_min, quant_max, dtype)
 
 
 @group_op(_QSOFTMAX)
