@@ -560,13 +560,13 @@ def test_match_patterns_load_and_render(opdefs: Path) -> None:
     q = entries[0].patterns[1].nodes["q"]
     assert q == ("quantized_decomposed.quantize_per_tensor.default",
                  [("node", "r"), ("bind", "output_scale"), ("bind", "output_zero_point"), ("bind", "quant_min"),
-                  ("bind", "quant_max"), ("dtype", "i8")])
+                  ("bind", "quant_max"), ("bind", "dtype")])
     assert "PATTERNS: list[Pattern] = [" in render_registry(entries, [], "0")
 
 
 @pytest.mark.parametrize(("old", "new", "hint"), [
-    ("$output_scale, $output_zero_point, $quant_min, $quant_max, i8]\n        r:",
-     "‸$output_scal, $output_zero_point, $quant_min, $quant_max, i8]\n        r:", "$output_scal is not an argument"),
+    ("$output_scale, $output_zero_point, $quant_min, $quant_max, $dtype]\n        r:",
+     "‸$output_scal, $output_zero_point, $quant_min, $quant_max, $dtype]\n        r:", "$output_scal is not an argument"),
     ("[aten.relu.default, mm]", "[aten.relu.default, ‸nm]", "'nm' is no node of this match"),
     ("[aten.relu.default, mm]", "[‸aten.relu.defaults, mm]", "has no overload"),
 ])
