@@ -566,7 +566,8 @@ def test_match_patterns_load_and_render(opdefs: Path) -> None:
 
 @pytest.mark.parametrize(("old", "new", "hint"), [
     ("$output_scale, $output_zero_point, $quant_min, $quant_max, $dtype]\n        r:",
-     "‸$output_scal, $output_zero_point, $quant_min, $quant_max, $dtype]\n        r:", "$output_scal is not an argument"),
+     "‸$output_scal, $output_zero_point, $quant_min, $quant_max, $dtype]\n        r:",
+     "$output_scal is not an argument"),
     ("[aten.relu.default, mm]", "[aten.relu.default, ‸nm]", "'nm' is no node of this match"),
     ("[aten.relu.default, mm]", "[‸aten.relu.defaults, mm]", "has no overload"),
 ])
