@@ -19,7 +19,7 @@ from mlir import ir
 from .layout import _producer, _shape, _shape_values, _with_shape, reshape, rewrite_each
 
 CONVOLUTIONS = ("tosa.conv2d", "tosa.depthwise_conv2d")
-INTEGER = ("i8", "i16")  # int16 too (a16w8: i48 sums, exact in any order as i32 ones)
+INTEGER = ("i8", "i16")  # int16 too (a16w8: its zero point is 0, so the padding is the same)
 
 
 def pads_into_convolutions(module: ir.Module) -> int:
