@@ -254,7 +254,7 @@ def test_list_pattern_loads_and_checks_list_arguments(tmp_path: Path) -> None:
     (pattern,) = entries[0].patterns
     assert pattern.nodes["c"] == ("aten.cat.default", [("each", "x"), ("bind", "dim")])
     bad = QCAT.replace("$output_scale, $output_zero_point, $quant_min", "$output_scale, $output_zero_point, _", 1)
-    bad = bad.replace("$scales, $zero_points, _, _, i8]", "$scales, $zero_points, $quant_min, _, i8]", 1)
+    bad = bad.replace("$scales, $zero_points, _, _, _]", "$scales, $zero_points, $quant_min, _, _]", 1)
     (opdefs / "fam.yaml").write_text(bad)
     with pytest.raises(SpecError, match=r"\$quant_min is bound once per element of \[x, \.\.\.\]: it must be a list"):
         load_specs(opdefs)
