@@ -1,10 +1,10 @@
 """Quantized elementwise ops: one call for a dequantize -> add/sub/mul/clamp/cat -> quantize
-group of a PT2E graph (per-tensor int8 activations), on the int8 values themselves.
+group of a PT2E graph (per-tensor int8 or int16 activations), on the integer values themselves.
 
-Each op computes exactly what the group it replaces computes in PyTorch: dequantize the int8
+Each op computes exactly what the group it replaces computes in PyTorch: dequantize the integer
 operands, the float op, quantize the float result. Their lowerings (opdefs/quantize_eltwise.yaml)
-are integer TOSA: RESCALEs to a common i32 scale, i32 add/sub/mul, a RESCALE to int8, clamps at
-the quantized bounds, concat.
+are integer TOSA: RESCALEs to a common i32 scale, i32 add/sub/mul, a RESCALE to the group's
+dtype, clamps at the quantized bounds, concat.
 """
 
 from __future__ import annotations

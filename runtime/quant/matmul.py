@@ -1,8 +1,9 @@
 """Quantized linear and conv2d: one call for a dequantize -> linear/conv2d [-> relu | hardtanh |
-clamp] -> quantize group of a PT2E graph, on the int8 values themselves.
+clamp] -> quantize group of a PT2E graph, on the integer values themselves (int8, or int16
+activations with int8 weights: the group's `dtype`).
 
 `torch.ops.torchtosa.qlinear` and `qconv2d` compute exactly what the group they replace computes
-in PyTorch (dequantize the int8 input and per-channel weight, the float op with the float bias,
+in PyTorch (dequantize the integer input and the int8 per-channel weight, the float op with the float bias,
 the optional clamp to [min_val, max_val] (relu is min_val 0, relu6 0 and 6), quantize). Their
 lowerings (opdefs/quantize_int.yaml) are integer TOSA. Weight scales,
 weight zero points and the bias are lists of numbers (compile-time constants of a frozen

@@ -2,9 +2,9 @@
 graph whose op moves, picks or averages values without weights (max_pool2d, avg_pool2d, mean
 over H and W, view, permute, squeeze, unsqueeze, slice, select, constant_pad_nd).
 
-Each op computes what its group computes in PyTorch: dequantize the int8 input (per tensor),
+Each op computes what its group computes in PyTorch: dequantize the integer input (per tensor),
 the float op, quantize (per tensor). Their lowerings (opdefs/quantize_pool.yaml) run the op on
-the int8 values themselves (tosa.max_pool2d, tosa.avg_pool2d with zero points, reshape,
+the int8 or int16 values themselves (tosa.max_pool2d, tosa.avg_pool2d with zero points, reshape,
 transpose, slice, pad) and RESCALE only where the input and output quantizations differ.
 """
 

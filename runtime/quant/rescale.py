@@ -3,8 +3,8 @@ dequantize and a quantize (an identity), a multiplication by a float constant (a
 attention score scaling under the TosaQuantizer), and a dequantize read straight by a quantize
 of other parameters or dtype (where int16 and int8 annotations meet).
 
-Each op computes what its group computes in PyTorch: dequantize the int8 input (per tensor),
-the float op, quantize (per tensor). Their lowerings (opdefs/quantize_rescale.yaml) keep the int8
+Each op computes what its group computes in PyTorch: dequantize the integer input (per tensor),
+the float op, quantize (per tensor). Their lowerings (opdefs/quantize_rescale.yaml) keep the integer
 values and RESCALE only by the ratio of the scales (times the constant).
 """
 
