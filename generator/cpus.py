@@ -32,7 +32,8 @@ REQUIRED = ("doc", "arch", "llvm_cpu", "features", "vector", "fma_units", "cache
 FEATURES = {
     "x86_64": {"sse4_2", "sse4a", "avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "avx512f", "avx512bw",
                "avx512cd", "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx512ifma",
-               "avx512vbmi", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16"},
+               "avx512vbmi", "avx512_vp2intersect", "avx_vnni", "movdiri", "movdir64b", "amx_tile", "amx_int8",
+               "amx_bf16"},
     "aarch64": {"asimd", "asimddp", "asimdhp", "fphp", "sve", "sve2", "i8mm", "bf16", "svei8mm", "svebf16"},
 }
 INT8_DOT = {"none": {"x86_64": set(), "aarch64": set()}, "avx512_vnni": {"x86_64": {"avx512_vnni"}}}
