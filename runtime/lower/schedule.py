@@ -24,6 +24,8 @@ register tiles sized to its vector register file, vector widths from its lanes).
   (`tile_reduction_using_for`). Packing would transpose the whole weight at every call.
 - 2-D convolutions (NHWC) get the same register tile over (output column, output channel); each
   tile, one output row and one filter tap, is decomposed into a 1-D convolution and vectorized.
+  One of more output channels than a column tile is first a loop over panels of them, each
+  packing its filter panel into a contiguous buffer (`pack_panels`), like a contraction's.
   1x1 convolutions are matmuls by now, and depthwise ones of multiplier 1 have lost the
   multiplier (`convolutions.rewrite_convolutions`); padded inputs are written in place
   (`convolutions.pads_in_place`). Depthwise convolutions get a tile of `Tiles.depthwise` (output
@@ -65,7 +67,7 @@ from .contractions import normalize, sum_of_products
 from .convolutions import CONV as _CONV
 from .convolutions import CONV_HWCF as _CONV_HWCF
 from .convolutions import DEPTHWISE as _DEPTHWISE
-from .convolutions import pads_in_place
+from .convolutions import pads_in_place, static_f32
 from .irutil import find_ops, map_dims, run_passes
 from .irutil import tensor_dim as _dim
 from .irutil import tensor_shape as _shape
@@ -209,7 +211,7 @@ def pack_panels(module: ir.Module, parallel: bool = False, tiles: Tiles | None =
     k, one column tile) into a small contiguous buffer, then the contraction of all rows with
     it. With `parallel`, contractions of at least PARALLEL_MIN_MACS multiply-adds loop with one
     scf.forall, whose iterations (each with its own panel buffer) OpenMP threads run in
-    parallel.
+    parallel. The same for 2-D convolutions and their filters (`_pack_filter`).
 
     The loops are built here rather than by the transform dialect's fuse_into_containing_op,
     whose cost grows with the size of the whole function (compile time then grew with the
@@ -220,6 +222,53 @@ def pack_panels(module: ir.Module, parallel: bool = False, tiles: Tiles | None =
         for op in find_ops(module, lambda op: op.name in _CONTRACTIONS):
             with blaming(op):
                 _pack_panels(op, parallel, tiles)
+        for op in find_ops(module, lambda op: op.name in _DENSE):
+            with blaming(op):
+                _pack_filter(op, parallel, tiles)
+
+
+def _pack_filter(op: ir.Operation, parallel: bool, tiles: Tiles) -> None:
+    """`_filter_panels` of one 2-D convolution (static, f32) whose output channels are more than
+    one column tile: with `parallel`, its panels are an scf.forall if it has at least
+    SPLIT_MIN_MACS multiply-adds."""
+    tiling = plan(op, tiles)
+    loops = _loop_sizes(op)
+    if tiling is None or loops is None or not static_f32(op):
+        return
+    tn = tiling[0][3]
+    if loops[3] > tn:
+        _filter_panels(op, tn, parallel and threads() > 1 and math.prod(loops) >= SPLIT_MIN_MACS)
+
+
+def _filter_panels(op: ir.Operation, tn: int, forall: bool) -> None:
+    """Replace 2-D convolution `op` by a loop (an scf.forall if `forall`) over its output
+    channels in panels of `tn`: per panel, its filter (every tap and input channel, `tn` output
+    channels) copied into one contiguous HWCF buffer, then the convolution of the whole input
+    with it, which the schedule tiles as any other."""
+    image, weight, init = list(op.operands)[:3]
+    n, oh, ow, f = _shape(init)
+    hwcf = op.name == _CONV_HWCF
+    w = _shape(weight)
+    kh, kw, c = w[:3] if hwcf else w[1:]
+    strides = ir.DenseIntElementsAttr(op.attributes["strides"])
+    dilations = ir.DenseIntElementsAttr(op.attributes["dilations"])
+    with ir.InsertionPoint(op), op.location:
+        ivs, acc, body, finish = _loop_nest([f], [tn], init, forall)
+        with ir.InsertionPoint(body):
+            (column,) = ivs
+            element = ir.RankedTensorType(weight.type).element_type
+            empty = tensor.EmptyOp([kh, kw, c, tn], element).result
+            if hwcf:
+                panel = linalg.copy(_extract(weight, [0, 0, 0, column], [kh, kw, c, tn]), outs=[empty])
+            else:
+                panel = linalg.transpose(_extract(weight, [column, 0, 0, 0], [tn, kh, kw, c]), outs=[empty],
+                                         permutation=[1, 2, 3, 0])
+            tile_offsets, tile_shape = [0, 0, 0, column], [n, oh, ow, tn]
+            tile = linalg.conv_2d_nhwc_hwcf(image, panel, outs=[_extract(acc, tile_offsets, tile_shape)],
+                                            strides=strides, dilations=dilations)
+            result = finish(tile, tile_offsets, tile_shape)
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
 
 
 def _pack_panels(op: ir.Operation, parallel: bool, tiles: Tiles) -> None:

@@ -14,11 +14,12 @@ time grows with the spill code). Two vectors of columns per row keep the loads t
     AVX2    (16 x  8 lanes):  8 accumulators = 4 rows x 2 vectors -> a 4 x 16 tile
     NEON    (32 x  4 lanes): 16 accumulators = 8 rows x 2 vectors -> an 8 x 8 tile
 
-A direct convolution reads its whole filter once per register tile of output pixels; up to
-half of the L2 cache (`direct_filter_bytes`) those reads stay in it. A larger filter (ResNet's
-3x3 x 256 and 512 channels with AVX-512's 2 MiB of L2; from 64 channels with x86-64-v3's 256
-KiB) would come from memory each time: such a convolution runs as a matmul per filter tap
-(`convolutions._taps_as_matmuls`), whose packed panels are read from L1 and L2.
+A direct convolution reads a packed panel of its filter (every tap and input channel, one
+column tile of output channels) once per register tile of output pixels; up to half of the L2
+cache (`direct_filter_bytes`) those reads stay in it. A larger panel (ResNet's 3x3 x 512
+channels with Zen 4's 1 MiB of L2; from 256 channels with x86-64-v3's 256 KiB) would come from
+memory each time: such a convolution runs as a matmul per filter tap
+(`convolutions._taps_as_matmuls`), whose packed panels hold one tap's rows.
 
 A vector-matrix product (one row: a decoding step's nn.Linear) reads the weight along k, its
 rows contiguous, as dot products: the same accumulators hold DOT_COLUMNS output columns x a
@@ -46,7 +47,7 @@ class Tiles:
     vector: int  # innermost tile of other vectorized ops
     transpose: int  # side of a transpose's square tile, transposed in registers: one vector
     dot: tuple[int, int]  # output columns x k chunk of a vector-matrix product's register tile
-    direct_filter_bytes: int  # the largest filter a convolution reads directly, else a matmul per tap
+    direct_filter_bytes: int  # the largest filter panel a convolution reads directly, else a matmul per tap
 
 
 def derive(cpu: Cpu) -> Tiles:
