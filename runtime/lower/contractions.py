@@ -45,6 +45,52 @@ def normalize(module: ir.Module) -> None:
     run_passes(module, "builtin.module(canonicalize,cse)")
 
 
+def fold_transposes(module: ir.Module) -> None:
+    """Let each vector-matrix product (`_fold_transpose`) of `module` read its matrix through the
+    transpose that produces it, after dropping the unit dimensions of every transpose."""
+    with module.context, ir.Location.unknown():
+        for op in find_ops(module, lambda op: op.name == "linalg.transpose"):
+            _squeeze_transpose(op)
+        run_passes(module, "builtin.module(canonicalize)")
+        for op in find_ops(module, lambda op: sum_of_products(op) is not None):
+            with blaming(op):
+                _fold_transpose(op)
+    run_passes(module, "builtin.module(canonicalize,cse)")
+
+
+def _fold_transpose(op: ir.Operation) -> None:
+    """Read the matrix of a plain generic vector-matrix product (`out + x * y`, x read along the
+    reduction loops alone) from the input of the transpose producing it, through a permuted
+    indexing map, where that reads it along those loops last, in x's order: nn.Linear on one
+    token whose output fusion reshaped to attention heads (q = x @ W.t() viewed [heads,
+    head_dim]; the output projection reads them back) read a whole transpose of W, made at every
+    call; read along k (`collapse_reductions` merges several loops into one), it is dot products
+    (`schedule._dot_loops`)."""
+    if len(list(op.regions[0].blocks[0].operations)) != 3:
+        return
+    kinds = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+    reductions = {d for d, kind in enumerate(kinds) if "reduction" in kind}
+    *inputs, _ = map_dims(op)
+    if len(inputs) != 2:
+        return
+    for x, y in ((0, 1), (1, 0)):
+        source = op.operands[y]
+        transpose = source.owner if isinstance(source, ir.OpResult) else None
+        ks = inputs[x]
+        if set(ks) != reductions or transpose is None or transpose.name != "linalg.transpose" \
+                or inputs[y][-len(ks):] == ks:
+            continue
+        perm = list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"]))
+        read = [inputs[y][perm.index(d)] for d in range(len(perm))]  # the loop of each source dimension
+        if read[-len(ks):] != ks:
+            continue
+        maps = list(ir.ArrayAttr(op.attributes["indexing_maps"]))
+        maps[y] = ir.AffineMapAttr.get(ir.AffineMap.get(len(kinds), 0, [ir.AffineDimExpr.get(d) for d in read]))
+        op.operands[y] = transpose.operands[0]
+        op.attributes["indexing_maps"] = ir.ArrayAttr.get(maps)
+        return
+
+
 def sum_of_products(op: ir.Operation) -> ir.Operation | None:
     """The multiplication of a generic reduction whose body ends in `out + x * y`, with the
     output read nowhere else, else None."""

@@ -63,7 +63,7 @@ from mlir.dialects import arith, linalg, scf, tensor
 from ..cpu import Cpu, cores, select
 from ..internal import blaming
 from . import vecmath
-from .contractions import normalize, sum_of_products
+from .contractions import fold_transposes, normalize, sum_of_products
 from .convolutions import CONV as _CONV
 from .convolutions import CONV_HWCF as _CONV_HWCF
 from .convolutions import DEPTHWISE as _DEPTHWISE
@@ -159,6 +159,7 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
     """
     cpu = cpu or select()
     tiles = derive(cpu)
+    fold_transposes(module)
     split_prologues(module)
     collapse_reductions(module)
     normalize(module)
@@ -336,8 +337,11 @@ def _dot_form(op: ir.Operation, transpose: ir.Operation) -> None:
 
 
 def _dot_loops(op: ir.Operation) -> tuple[int, int] | None:
-    """The (n, k) loops of a vector-matrix product in dot form (`_dot_form`'s generics: every
-    input read along the one reduction loop k, the innermost; the output one row), else None."""
+    """The (n, k) loops of a vector-matrix product in dot form, else None: every input read along
+    the one reduction loop k, the innermost; the output's last loop n read by one input (the
+    matrix) and not the other (the vector), which reads no loop of a size above 1 but k and the
+    matrix's batch loops (`_dot_form`'s generics, with one row m; and those `contractions.
+    fold_transposes` leaves)."""
     if sum_of_products(op) is None:
         return None
     maps = map_dims(op)
@@ -347,12 +351,16 @@ def _dot_loops(op: ir.Operation) -> tuple[int, int] | None:
     if sum("reduction" in kind for kind in kinds) != 1 or "reduction" not in kinds[k]:
         return None
     out = maps[-1]
-    if out != list(range(rank - 1)) or len(out) < 2 or any(dims[-1] != k for dims in maps[:-1]):
+    if out != list(range(rank - 1)) or not out or any(dims[-1] != k for dims in maps[:-1]):
         return None
+    n = out[-1]
     sizes = _loop_sizes(op)
-    if sizes is None or sizes[out[-2]] != 1 or None in sizes[out[-2]:]:
+    vectors, matrices = [d for d in maps[:-1] if n not in d], [d for d in maps[:-1] if n in d]
+    if sizes is None or None in (sizes[n], sizes[k]) or len(vectors) != 1 or len(matrices) != 1:
         return None
-    return out[-1], k
+    if any(sizes[d] != 1 and d not in matrices[0] for d in vectors[0]):
+        return None
+    return n, k
 
 
 def _parallel_worth(loops: tuple[Extent, ...], batch: int) -> bool:
