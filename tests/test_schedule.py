@@ -83,11 +83,22 @@ def test_tile_sizes_divide_loops(cpu: str) -> None:
     assert all(s[-1] <= max(tiles.vector, columns) for _, s in seen)
 
 
-def test_unscheduled_ops_stay_loops() -> None:
-    """bf16 vectors crash LLVM's x86 backend: such ops keep the reference lowering."""
-    x = torch.randn(4, 80, dtype=torch.bfloat16)
-    assert not any(n.startswith("vector.") for n in _ops(_linalg(torch.tanh, x)))
-    torch.testing.assert_close(torchtosa.compile(torch.tanh, x)(x), torch.tanh(x))
+def test_half_precision_is_vectorized_as_storage_only() -> None:
+    """bf16 arithmetic on vectors crashes LLVM's x86 backend: such ops keep the reference
+    lowering; bf16 values loaded and extended to f32 (tanh computes in f32) or truncated and
+    stored are vectorized, and so are bf16 products into f32 sums, one row (dot products) or
+    several (panels extended to f32 as they are packed). All agree with eager."""
+    x, y = torch.randn(4, 80, dtype=torch.bfloat16), torch.randn(4, 80, dtype=torch.bfloat16)
+    w = torch.randn(48, 80, dtype=torch.bfloat16)
+    assert not any(n.startswith("vector.") for n in _ops(_linalg(torch.mul, x, y)))
+    assert "vector.fma" not in _ops(_linalg(torch.tanh, x)) and "vector.transfer_read" in _ops(_linalg(torch.tanh, x))
+    for rows, vectorized in ((x[:1], "vector.reduction"), (x, "vector.fma")):  # dot products, register tiles
+        ops = _ops(_linalg(lambda a, b: a @ b.t(), rows, w))
+        assert vectorized in ops and not any(n.endswith("matmul") for n in ops)
+        torch.testing.assert_close(torchtosa.compile(lambda a, b: a @ b.t(), rows, w)(rows, w), rows @ w.t())
+    for fn in (torch.mul, torch.tanh):
+        torch.testing.assert_close(torchtosa.compile(fn, x, y)(x, y) if fn is torch.mul else
+                                   torchtosa.compile(fn, x)(x), fn(x, y) if fn is torch.mul else fn(x))
 
 
 MODELS = {

@@ -65,8 +65,8 @@ def _fold_transpose(op: ir.Operation) -> None:
     token whose output fusion reshaped to attention heads (q = x @ W.t() viewed [heads,
     head_dim]; the output projection reads them back) read a whole transpose of W, made at every
     call; read along k (`collapse_reductions` merges several loops into one), it is dot products
-    (`schedule._dot_loops`)."""
-    if len(list(op.regions[0].blocks[0].operations)) != 3:
+    (`schedule._dot_loops`). The factors may be extended first (bf16 inputs, f32 sums)."""
+    if any(inner.name != "arith.extf" for inner in list(op.regions[0].blocks[0].operations)[:-3]):
         return
     kinds = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
     reductions = {d for d, kind in enumerate(kinds) if "reduction" in kind}

@@ -276,6 +276,12 @@ def _pack_panels(op: ir.Operation, parallel: bool, tiles: Tiles) -> None:
     """`pack_panels` of one named contraction."""
     tiling = plan(op, tiles)
     if tiling is None:
+        loops = _half_contraction_loops(op)
+        transposed = None if loops is None else _dot_source(op, loops, tiles)
+        if transposed is not None:
+            _dot_form(op, transposed)
+        elif loops is not None and None not in loops:  # f32 rows times panels extended to f32 as packed
+            _pack_panels(_widen(op), parallel, tiles)
         return
     sizes = tiling[0]
     loops = _loop_sizes(op)
@@ -291,15 +297,80 @@ def _pack_panels(op: ir.Operation, parallel: bool, tiles: Tiles) -> None:
         _column_panels(op, source, sizes[-2], forall)
 
 
+def _half_contraction_loops(op: ir.Operation) -> tuple[Extent, ...] | None:
+    """The loops (batch..., m, n, k) of a named contraction of bf16 or f16 operands into f32 sums
+    (`_loop_sizes` takes no half-precision contraction), else None."""
+    if op.name not in _CONTRACTIONS or "indexing_maps" in op.attributes:
+        return None
+    lhs, rhs, init = list(op.operands)[:3]
+    if not (all(_half(ir.RankedTensorType(v.type).element_type) for v in (lhs, rhs))
+            and isinstance(ir.RankedTensorType(init.type).element_type, ir.F32Type)):
+        return None
+    a, b = _shape(lhs), _shape(rhs)
+    return (*a[:-1], b[-1], a[-1])
+
+
+def _widen(op: ir.Operation) -> ir.Operation:
+    """Replace a named contraction of bf16/f16 operands into f32 sums by the f32 contraction of
+    its operands extended to f32 (`_extended`), which `pack_panels` packs as any: the second
+    operand's extension (reading a transpose's input, if it is one) becomes its panels' copy."""
+    lhs, rhs, init = list(op.operands)[:3]
+    producer = rhs.owner if isinstance(rhs, ir.OpResult) else None
+    with ir.InsertionPoint(op), op.location:
+        if producer is not None and producer.name == "linalg.transpose" and len(list(rhs.uses)) == 1:
+            perm = list(ir.DenseI64ArrayAttr(producer.attributes["permutation"]))
+            wide_rhs = _extended(producer.operands[0], [perm.index(d) for d in range(len(perm))])
+        else:
+            producer, wide_rhs = None, _extended(rhs)
+        named = getattr(linalg, op.name.removeprefix("linalg."))(_extended(lhs), wide_rhs, outs=[init])
+    result = named if isinstance(named, ir.Value) else named.results[0]
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
+    if producer is not None:
+        producer.erase()
+    return result.owner
+
+
+def _extended(value: ir.Value, dims: list[int] | None = None) -> ir.Value:
+    """`value` extended to f32 by a linalg.generic; with `dims` (the result dimension indexing
+    each dimension of `value`), transposed too."""
+    rank = ir.RankedTensorType(value.type).rank
+    dims = dims if dims is not None else list(range(rank))
+    shape = [0] * rank
+    for d, r in enumerate(dims):
+        shape[r] = _dim(value, d)
+    f32 = ir.F32Type.get()
+    empty = tensor.EmptyOp(shape, f32).result
+
+    def amap(ds: list[int]) -> ir.AffineMapAttr:
+        return ir.AffineMapAttr.get(ir.AffineMap.get(rank, 0, [ir.AffineDimExpr.get(d) for d in ds]))
+
+    parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
+    generic = linalg.GenericOp([empty.type], [value], [empty], ir.ArrayAttr.get([amap(dims), amap(list(range(rank)))]),
+                               ir.ArrayAttr.get([parallel] * rank))
+    body = generic.regions[0].blocks.append(ir.RankedTensorType(value.type).element_type, f32)
+    with ir.InsertionPoint(body):
+        linalg.YieldOp([arith.ExtFOp(f32, body.arguments[0]).result])
+    return generic.results[0]
+
+
+def _widening(op: ir.Operation) -> bool:
+    """A generic that only extends its one input to f32 (`_extended`)."""
+    body = list(op.regions[0].blocks[0].operations) if op.name == "linalg.generic" else []
+    return len(op.operands) == 2 and [o.name for o in body] == ["arith.extf", "linalg.yield"]
+
+
 def _dot_source(op: ir.Operation, loops: tuple[Extent, ...], tiles: Tiles) -> ir.Operation | None:
-    """The transpose producing a named f32 contraction's second operand, if the contraction has
+    """The transpose producing a named contraction's second operand (f32, or bf16/f16 into f32
+    sums), if the contraction has
     one row (m = 1), static columns and k, the transpose's input is stored along k and a whole
     number of `Tiles.dot` chunks long in k: the contraction is then better read as dot products."""
     m = _CONTRACTIONS[op.name]
     rhs = op.operands[1]
     producer = rhs.owner if isinstance(rhs, ir.OpResult) else None
     if (loops[m] != 1 or None in loops[m:] or producer is None or producer.name != "linalg.transpose"
-            or len(list(rhs.uses)) != 1 or not isinstance(ir.RankedTensorType(rhs.type).element_type, ir.F32Type)):
+            or len(list(rhs.uses)) != 1 or not (isinstance(ir.RankedTensorType(rhs.type).element_type, ir.F32Type)
+                                                 or _half_contraction_loops(op) is not None)):
         return None
     perm = list(ir.DenseI64ArrayAttr(producer.attributes["permutation"]))
     if perm[-2] != len(perm) - 1 or loops[-1] % tiles.lanes:
@@ -326,10 +397,12 @@ def _dot_form(op: ir.Operation, transpose: ir.Operation) -> None:
         kinds = [ir.Attribute.parse(f"#linalg.iterator_type<{'reduction' if d == k else 'parallel'}>")
                  for d in range(rank)]
         generic = linalg.GenericOp([init.type], [lhs, source], [init], attr, ir.ArrayAttr.get(kinds))
-        body = generic.regions[0].blocks.append(element, element, element)
+        body = generic.regions[0].blocks.append(*(ir.RankedTensorType(v.type).element_type
+                                                  for v in (lhs, source, init)))
         contract = ir.Attribute.parse("#arith.fastmath<contract>")
         with ir.InsertionPoint(body):
-            product = arith.MulFOp(body.arguments[0], body.arguments[1], fastmath=contract).result
+            x, y = (arith.ExtFOp(element, a).result if a.type != element else a for a in body.arguments[:2])
+            product = arith.MulFOp(x, y, fastmath=contract).result
             linalg.YieldOp([arith.AddFOp(body.arguments[2], product, fastmath=contract).result])
     op.results[0].replace_all_uses_with(generic.results[0])
     op.erase()
@@ -440,7 +513,8 @@ def _panel_source(op: ir.Operation, loops: tuple[Extent, ...], sizes: tuple[int,
     are far apart in memory, the panel's are not). None if packing does not pay."""
     rhs = op.operands[1]
     producer = rhs.owner if isinstance(rhs, ir.OpResult) else None
-    if producer is not None and producer.name == "linalg.transpose" and len(list(rhs.uses)) == 1:
+    if producer is not None and len(list(rhs.uses)) == 1 and (producer.name == "linalg.transpose"
+                                                               or _widening(producer)):
         return producer.operation
     m = _CONTRACTIONS[op.name]
     return op if loops[m] is None or loops[m] // sizes[m] >= 2 else None
@@ -462,7 +536,17 @@ def _column_panels(op: ir.Operation, source: ir.Operation, tn: int, forall: bool
             offsets, panel_shape = [*at, 0, column], [*ones, k, tn]
             element = ir.RankedTensorType(rhs.type).element_type
             empty = tensor.EmptyOp(panel_shape, element).result
-            if transposed:
+            if transposed and source.name == "linalg.generic":  # extended to f32 (`_widen`)
+                weight, dims = source.operands[0], map_dims(source)[0]
+                panel_of = [_extract(weight, [offsets[r] for r in dims], [panel_shape[r] for r in dims])]
+                panel = linalg.GenericOp([empty.type], panel_of, [empty], source.attributes["indexing_maps"],
+                                         source.attributes["iterator_types"])
+                panel.regions[0].blocks.append(*(a.type for a in source.regions[0].blocks[0].arguments))
+                with ir.InsertionPoint(panel.regions[0].blocks[0]):
+                    args = panel.regions[0].blocks[0].arguments
+                    linalg.YieldOp([arith.ExtFOp(element, args[0]).result])
+                panel = panel.results[0]
+            elif transposed:
                 weight = source.operands[0]
                 perm = list(ir.DenseI64ArrayAttr(source.attributes["permutation"]))
                 weight_offsets, weight_shape = [0] * len(perm), [0] * len(perm)
@@ -939,7 +1023,9 @@ def _loop_sizes(op: ir.Operation) -> tuple[Extent, ...] | None:
     shaped = [t for t in [v.type for v in op.operands] + [r.type for r in op.results] if isinstance(t, ir.ShapedType)]
     if not all(isinstance(t, ir.RankedTensorType) for t in shaped):
         return None
-    if not all(_vector_element(ir.ShapedType(t).element_type) for t in shaped):
+    half = op.name == "linalg.generic"  # `_plain_body` checks how it uses bf16 and f16 values
+    if not all(_vector_element(ir.ShapedType(t).element_type) or (half and _half(ir.ShapedType(t).element_type))
+               for t in shaped):
         return None
     if op.name in _CONTRACTIONS:
         if "indexing_maps" in op.attributes and str(op.attributes["indexing_maps"]) != _PLAIN_MAPS[op.name]:
@@ -996,8 +1082,10 @@ def _loop_dim_sources(op: ir.Operation) -> dict[int, tuple[ir.Value, int]]:
 
 
 def _vector_element(t: ir.Type) -> bool:
-    """f32, f64 or a signless integer of a power-of-two width. Not f16/bf16: LLVM's x86 backend
-    aborts on some of their vector ops ("soft promote"); not unsigned integers, which only
+    """f32, f64 or a signless integer of a power-of-two width. Not f16/bf16 arithmetic: LLVM's
+    x86 backend aborts on some of their vector ops ("soft promote"); their values are vectorized
+    only as loaded and extended to f32, or truncated from it and stored (`_plain_body`,
+    `_half_contraction_loops`: a bf16 Llama decoded 40x slower as scalar loops); not unsigned integers, which only
     tosa.rescale uses; not i48 (int16 convolutions' accumulator): LLVM packs a vector of i48 in
     memory, 6 bytes an element, where a buffer of them holds one in 8 bytes."""
     return isinstance(t, ir.F32Type | ir.F64Type) or (isinstance(t, ir.IntegerType) and t.is_signless
@@ -1006,16 +1094,25 @@ def _vector_element(t: ir.Type) -> bool:
 
 def _plain_body(op: ir.Operation) -> bool:
     """A generic whose body the vectorizer maps to vector ops: arith and math ops on f32, f64 or
-    signless integers, no nested regions, no gathers."""
+    signless integers, no nested regions, no gathers; bf16 and f16 values only loaded and
+    extended to f32 (`arith.extf`) or truncated from it and stored (`_half_storage`)."""
     for block in op.regions[0].blocks:
         for inner in block.operations:
             if inner.regions or inner.name in ("tensor.extract", "linalg.index"):
                 return False
             if inner.name != "linalg.yield" and not inner.name.startswith(("arith.", "math.")):
                 return False
-            if not all(_vector_element(v.type) for v in list(inner.operands) + list(inner.results)):
+            values = list(inner.operands) + list(inner.results)
+            if inner.name in ("arith.extf", "arith.truncf", "linalg.yield"):
+                if not all(_vector_element(v.type) or _half(v.type) for v in values):
+                    return False
+            elif not all(_vector_element(v.type) for v in values):
                 return False
     return True
+
+
+def _half(t: ir.Type) -> bool:
+    return isinstance(t, ir.BF16Type | ir.F16Type)
 
 
 def _divisor(n: int, target: int) -> int:
