@@ -54,6 +54,10 @@ torch.compile(dynamic=True) with the torchtosa backend (opt "default", one threa
 "parallel") serving 3 sizes, against torchtosa compiled for each size, eager (one thread) and
 Inductor with dynamic=True; the notes say how many graphs each compiled and what ran eagerly.
 
+Then (unless --only or --no-decode) greedy decoding of a ~0.25B Llama with a static KV cache, float32
+and bfloat16, per token against eager, Inductor and the memory-bandwidth bound (`decode_section`;
+--decode-only: that table alone).
+
 Then (unless --only or --no-scaling) a further table: torchtosa's compile time, split into capture,
 import and lowering + JIT, for BertModel of 1, 2, 4, 8 and 12 layers, to show how it grows with depth
 (--scaling-only: that table alone; --no-outline: with every layer traced, to compare).
@@ -606,7 +610,7 @@ def command_line() -> str:
 
 def write_doc(doc: Path, env: dict[str, str], table: str, notes: list[str], scaling: str | None,
               dynamic: str | None = None, generation: str | None = None, int8: str | None = None,
-              training: str | None = None, cached: str | None = None) -> None:
+              training: str | None = None, cached: str | None = None, decode: str | None = None) -> None:
     text = ["# Benchmarks", "",
             "Written by `scripts/bench.py` (`make bench`); regenerate rather than edit. The method (backends, "
             "interleaved timing, FLOP counting, what compile time and peak RSS include) is described in the "
@@ -645,6 +649,12 @@ def write_doc(doc: Path, env: dict[str, str], table: str, notes: list[str], scal
         text += ["### Greedy generation with the dynamic KV cache", "",
                  "`model.forward = torch.compile(model.forward, backend=\"torchtosa\", dynamic=True)`, then "
                  "`model.generate` as in eager; one thread.", "", generation, ""]
+    if decode:
+        text += ["### Decoding a 0.25B Llama", "",
+                 "Greedy decoding, batch 1, static KV cache (`cache_implementation=\"static\"`), one thread: "
+                 "`model.forward` through `torch.compile` with torchtosa's backend and with Inductor, against "
+                 "eager; the bound is what one step reads (every weight but the embedding table) at one thread's "
+                 "read bandwidth (`decode_section` in the script says how each number is measured).", "", decode, ""]
     if scaling:
         text += ["## Compile time against depth", "",
                  "torchtosa (opt=\"default\") on BertModel h256 of 1 to 12 layers, [1x64 tokens]; \"per layer\" is "
@@ -793,6 +803,74 @@ def generate_section(notes: list[str]) -> str:
                  "whole generate() with the forward compiled (HF's Python loop included)")
     return markdown(rows, ["model", "eager generate", "torchtosa generate", "vs eager", "first generate (compiles)",
                            "graphs compiled", "tokens equal"])
+
+
+# a ~0.25B Llama (16 layers, hidden 1024): what one decoding step reads is its weights
+DECODE_CONFIG = {"vocab_size": 32000, "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 16,
+                 "num_attention_heads": 16, "num_key_value_heads": 16, "max_position_embeddings": 512}
+DECODE_PROMPT, DECODE_SHORT, DECODE_LONG = 8, 8, 24  # prompt tokens; new tokens of the two timed generates
+
+
+def read_bandwidth() -> float:
+    """One thread's memory read bandwidth in bytes/s: the best of 5 sums of a 1 GiB tensor."""
+    x = torch.ones(1 << 28)
+    best = min(_timed(x.sum) for _ in range(5))
+    return x.numel() * x.element_size() / best
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def decode_section(notes: list[str]) -> str:
+    """Greedy decoding of a ~0.25B Llama (DECODE_CONFIG, random weights) with a static KV cache,
+    batch 1, one thread, in float32 and bfloat16: per-token latency (the difference of a
+    DECODE_LONG- and a DECODE_SHORT-token generate from the same DECODE_PROMPT-token prompt, over
+    the difference in tokens; best of 3) against eager, Inductor and the memory-bandwidth bound (the
+    bytes of every weight but the embedding table, which a step reads one row of, over one thread's
+    read bandwidth, `read_bandwidth`). "first generate" includes compiling prefill and decode."""
+    import transformers
+
+    bandwidth = read_bandwidth()
+    notes.append(f"decode: one thread's read bandwidth {bandwidth / 1e9:.1f} GB/s (a 1 GiB torch.sum)")
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**DECODE_CONFIG)).eval().to(dtype)
+        weights = sum(p.numel() * p.element_size() for name, p in model.named_parameters()
+                      if "embed_tokens" not in name)
+        bound = weights / bandwidth
+        ids = torch.randint(1, DECODE_CONFIG["vocab_size"], (1, DECODE_PROMPT))
+        forward = model.forward
+        eager_tokens = None
+        for backend in ("eager", "torchtosa", "inductor"):
+            torch._dynamo.reset()
+            model.forward = forward if backend == "eager" else torch.compile(forward, backend=backend)
+
+            def generate(new: int, model: nn.Module = model, ids: torch.Tensor = ids) -> tuple[float, torch.Tensor]:
+                start = time.perf_counter()
+                out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0,
+                                     cache_implementation="static")
+                return time.perf_counter() - start, out
+
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                first, _ = generate(DECODE_LONG)
+                short = min(generate(DECODE_SHORT)[0] for _ in range(3))
+                long, tokens = min((generate(DECODE_LONG) for _ in range(3)), key=lambda r: r[0])
+            per_token = (long - short) / (DECODE_LONG - DECODE_SHORT)
+            if backend == "eager":
+                eager_token, eager_tokens = per_token, tokens
+            same = "yes" if torch.equal(tokens, eager_tokens) else "NO"
+            rows.append([str(dtype).removeprefix("torch."), backend, f"{per_token * 1e3:.1f} ms",
+                         _ratio(per_token, eager_token), f"{bound * 1e3:.1f} ms", f"{bound / per_token:.0%}",
+                         "-" if backend == "eager" else f"{first:.1f} s", same])
+            print("  " + "  ".join(rows[-1]), flush=True)
+        model.forward = forward
+    return markdown(rows, ["dtype", "backend", "per token", "vs eager", "bandwidth bound", "of the bound",
+                           "first generate (compiles)", "tokens equal eager's"])
 
 
 # ---------------------------------------------------------------- training
@@ -1025,6 +1103,8 @@ def main() -> int:
     parser.add_argument("--scaling-only", action="store_true",
                         help="only the compile time against depth table (printed, docs/benchmarks.md left alone)")
     parser.add_argument("--no-training", action="store_true", help="skip the training table")
+    parser.add_argument("--no-decode", action="store_true", help="skip the 0.25B Llama decoding table")
+    parser.add_argument("--decode-only", action="store_true", help="the 0.25B Llama decoding table alone")
     parser.add_argument("--no-cache", action="store_true",
                         help="skip the compile time table of a first and a second process")
     parser.add_argument("--compile-child", metavar="WORKLOAD", help=argparse.SUPPRESS)  # cache_section's processes
@@ -1038,6 +1118,10 @@ def main() -> int:
         return 0
     if args.scaling_only:
         print(compile_scaling(outline=not args.no_outline))
+        return 0
+    if args.decode_only:
+        notes: list[str] = []
+        print(decode_section(notes), *notes, sep="\n")
         return 0
 
     if not args.warm:
@@ -1121,6 +1205,10 @@ def main() -> int:
     if not args.no_dynamic and not args.only:
         print("\ngreedy generate, dynamic KV cache:", flush=True)
         generation = generate_section(notes)
+    decode = None
+    if not args.no_decode and not args.only and not args.dynamic_only:
+        print("\ngreedy decoding of a 0.25B Llama, static KV cache:", flush=True)
+        decode = decode_section(notes)
     scaling = None
     if not args.no_scaling and not args.only and not args.dynamic_only:
         print("\ncompile time against depth (BertModel h256):", flush=True)
@@ -1144,13 +1232,16 @@ def main() -> int:
     if generation:
         print()
         print(generation)
+    if decode:
+        print()
+        print(decode)
     if scaling:
         print()
         print(scaling)
     for note in notes:
         print(note)
     if not args.no_write and rows:
-        write_doc(args.doc, env, table, notes, scaling, dynamic, generation, int8, training, cached)
+        write_doc(args.doc, env, table, notes, scaling, dynamic, generation, int8, training, cached, decode)
         print(f"\nwrote {args.doc}")
     return 0
 
