@@ -68,6 +68,7 @@ from .convolutions import CONV as _CONV
 from .convolutions import CONV_HWCF as _CONV_HWCF
 from .convolutions import DEPTHWISE as _DEPTHWISE
 from .convolutions import pads_in_place, static_f32
+from .half import widen_arithmetic
 from .irutil import find_ops, map_dims, run_passes
 from .irutil import tensor_dim as _dim
 from .irutil import tensor_shape as _shape
@@ -159,6 +160,7 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
     """
     cpu = cpu or select()
     tiles = derive(cpu)
+    widen_arithmetic(module)
     fold_transposes(module)
     split_prologues(module)
     collapse_reductions(module)
@@ -646,6 +648,17 @@ def plans(module: ir.Module, tiles: Tiles | None = None) -> list[tuple[ir.Operat
 
 
 def plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
+    """`_plan`, but None for an op of bf16 or f16 values whose tiles are not a power of two
+    along every loop: LLVM aborts on odd vectors of them ("Do not know how to soft promote this
+    operator's operand": a bf16 pooling's `vector<9xbf16>`)."""
+    tiling = _plan(op, tiles)
+    if tiling is None or not any(_half(ir.ShapedType(v.type).element_type) for v in op.operands
+                                 if isinstance(v.type, ir.ShapedType)):
+        return tiling
+    return tiling if all(size & (size - 1) == 0 for size in tiling[0]) else None
+
+
+def _plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
     """The tile size of each loop of `op`, the order of the tile loops, the loops (of a dynamic
     size) whose last tile may be partial and which of those are a matmul's rows; or None to
     leave `op` alone.

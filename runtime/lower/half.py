@@ -1,0 +1,75 @@
+"""bf16 and f16 arithmetic computed in f32, rounded after each op: what the schedule vectorizes.
+
+LLVM's x86 backend aborts on some vector ops of bf16 and f16 ("soft promote"), so the schedule
+vectorizes half-precision values only as storage: loaded and extended to f32, or truncated from
+it and stored (`schedule._plain_body`). `widen_arithmetic(module)` rewrites every other use in a
+linalg.generic's body: each arith or math op on half-precision values becomes the same op on
+their f32 extensions, its result truncated back, which is how LLVM computes a scalar bf16 op
+(promoted to f32, rounded once) and how PyTorch's CPU kernels compute bf16 elementwise ops.
+Reductions keep their scalar loops (`_reduction`).
+Left as scalar loops, a bf16 Llama's elementwise ops took LLVM's loop vectorizer seconds to
+compile and ran slower than eager.
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+from mlir.dialects import arith
+
+from .irutil import find_ops
+
+_KEEP = ("arith.extf", "arith.truncf", "arith.bitcast", "linalg.yield")  # already storage, or bits
+
+
+def widen_arithmetic(module: ir.Module) -> None:
+    """Compute the half-precision arithmetic of `module`'s linalg.generic bodies in f32."""
+    with module.context, ir.Location.unknown():
+        for op in find_ops(module, lambda op: op.name == "linalg.generic" and not _reduction(op)):
+            for inner in list(op.regions[0].blocks[0].operations):
+                if _widened(inner):
+                    _widen(inner)
+
+
+def _reduction(op: ir.Operation) -> bool:
+    """A generic with a reduction loop: its widened body became vector reductions and compares of
+    bf16 values (max, argmax), on which LLVM aborted; reductions keep their scalar loops, but for
+    contractions that only extend their factors (`schedule._half_contraction_loops`)."""
+    return "reduction" in str(op.attributes["iterator_types"])
+
+
+def _half(t: ir.Type) -> bool:
+    return isinstance(t, ir.BF16Type | ir.F16Type)
+
+
+def _widened(op: ir.Operation) -> bool:
+    """An arith or math op of scalar half-precision operands or results that `_widen` rewrites."""
+    types = [v.type for v in list(op.operands) + list(op.results)]
+    return (op.name.startswith(("arith.", "math.")) and op.name not in _KEEP and not op.regions
+            and any(_half(t) for t in types) and all(_half(t) or t == ir.F32Type.get() or
+                                                     isinstance(t, ir.IntegerType | ir.IndexType) for t in types))
+
+
+def _widen(op: ir.Operation) -> None:
+    """Replace `op` by the same op on f32: half operands extended (constants rebuilt in f32),
+    half results truncated back to their type."""
+    f32 = ir.F32Type.get()
+    with ir.InsertionPoint(op), op.location:
+        operands = [_extended(v) if _half(v.type) else v for v in op.operands]
+        if op.name == "arith.constant":
+            wide = arith.ConstantOp(f32, ir.FloatAttr.get(f32, ir.FloatAttr(op.attributes["value"]).value)).operation
+        else:
+            wide = ir.Operation.create(op.name, results=[f32 if _half(r.type) else r.type for r in op.results],
+                                       operands=operands,
+                                       attributes={name: op.attributes[name] for name in op.attributes})
+        for old, new in zip(op.results, wide.results, strict=True):
+            old.replace_all_uses_with(arith.TruncFOp(old.type, new).result if _half(old.type) else new)
+    op.erase()
+
+
+def _extended(value: ir.Value) -> ir.Value:
+    """`value` as f32: a half-precision constant rebuilt, anything else extended."""
+    f32 = ir.F32Type.get()
+    owner = value.owner if isinstance(value, ir.OpResult) else None
+    if owner is not None and owner.name == "arith.constant" and isinstance(owner.attributes["value"], ir.FloatAttr):
+        return arith.ConstantOp(f32, ir.FloatAttr.get(f32, ir.FloatAttr(owner.attributes["value"]).value)).result
+    return arith.ExtFOp(f32, value).result
