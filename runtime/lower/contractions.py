@@ -27,7 +27,7 @@ from mlir import ir
 from mlir.dialects import linalg, tensor
 
 from ..internal import blaming
-from .irutil import collapse, expand, find_ops, map_dims, run_passes
+from .irutil import collapse, dims_map, expand, find_ops, map_dims, run_passes
 from .irutil import tensor_dim as _dim
 from .irutil import tensor_shape as _shape
 
@@ -85,7 +85,7 @@ def _fold_transpose(op: ir.Operation) -> None:
         if read[-len(ks):] != ks:
             continue
         maps = list(ir.ArrayAttr(op.attributes["indexing_maps"]))
-        maps[y] = ir.AffineMapAttr.get(ir.AffineMap.get(len(kinds), 0, [ir.AffineDimExpr.get(d) for d in read]))
+        maps[y] = dims_map(len(kinds), read)
         op.operands[y] = transpose.operands[0]
         op.attributes["indexing_maps"] = ir.ArrayAttr.get(maps)
         return

@@ -18,7 +18,7 @@ from mlir.dialects import arith
 
 from .irutil import find_ops
 
-_KEEP = ("arith.extf", "arith.truncf", "arith.bitcast", "linalg.yield")  # already storage, or bits
+_KEEP = ("arith.extf", "arith.truncf", "arith.bitcast")  # already storage, or bits
 
 
 def widen_arithmetic(module: ir.Module) -> None:
@@ -37,7 +37,8 @@ def _reduction(op: ir.Operation) -> bool:
     return "reduction" in str(op.attributes["iterator_types"])
 
 
-def _half(t: ir.Type) -> bool:
+def is_half(t: ir.Type) -> bool:
+    """bf16 or f16."""
     return isinstance(t, ir.BF16Type | ir.F16Type)
 
 
@@ -45,7 +46,7 @@ def _widened(op: ir.Operation) -> bool:
     """An arith or math op of scalar half-precision operands or results that `_widen` rewrites."""
     types = [v.type for v in list(op.operands) + list(op.results)]
     return (op.name.startswith(("arith.", "math.")) and op.name not in _KEEP and not op.regions
-            and any(_half(t) for t in types) and all(_half(t) or t == ir.F32Type.get() or
+            and any(is_half(t) for t in types) and all(is_half(t) or t == ir.F32Type.get() or
                                                      isinstance(t, ir.IntegerType | ir.IndexType) for t in types))
 
 
@@ -54,22 +55,27 @@ def _widen(op: ir.Operation) -> None:
     half results truncated back to their type."""
     f32 = ir.F32Type.get()
     with ir.InsertionPoint(op), op.location:
-        operands = [_extended(v) if _half(v.type) else v for v in op.operands]
+        operands = [_as_f32(v) if is_half(v.type) else v for v in op.operands]
         if op.name == "arith.constant":
-            wide = arith.ConstantOp(f32, ir.FloatAttr.get(f32, ir.FloatAttr(op.attributes["value"]).value)).operation
+            wide = _f32_constant(op).owner
         else:
-            wide = ir.Operation.create(op.name, results=[f32 if _half(r.type) else r.type for r in op.results],
+            wide = ir.Operation.create(op.name, results=[f32 if is_half(r.type) else r.type for r in op.results],
                                        operands=operands,
                                        attributes={name: op.attributes[name] for name in op.attributes})
         for old, new in zip(op.results, wide.results, strict=True):
-            old.replace_all_uses_with(arith.TruncFOp(old.type, new).result if _half(old.type) else new)
+            old.replace_all_uses_with(arith.TruncFOp(old.type, new).result if is_half(old.type) else new)
     op.erase()
 
 
-def _extended(value: ir.Value) -> ir.Value:
+def _as_f32(value: ir.Value) -> ir.Value:
     """`value` as f32: a half-precision constant rebuilt, anything else extended."""
-    f32 = ir.F32Type.get()
     owner = value.owner if isinstance(value, ir.OpResult) else None
     if owner is not None and owner.name == "arith.constant" and isinstance(owner.attributes["value"], ir.FloatAttr):
-        return arith.ConstantOp(f32, ir.FloatAttr.get(f32, ir.FloatAttr(owner.attributes["value"]).value)).result
-    return arith.ExtFOp(f32, value).result
+        return _f32_constant(owner)
+    return arith.ExtFOp(ir.F32Type.get(), value).result
+
+
+def _f32_constant(constant: ir.Operation) -> ir.Value:
+    """A half-precision float constant's value as an f32 constant (exact)."""
+    f32 = ir.F32Type.get()
+    return arith.ConstantOp(f32, ir.FloatAttr.get(f32, ir.FloatAttr(constant.attributes["value"]).value)).result

@@ -104,6 +104,11 @@ def expand(value: ir.Value, groups: list[list[int]], sizes: list[int | ir.Value]
     return tensor.ExpandShapeOp(result, value, groups, [d for d in sizes if isinstance(d, ir.Value)], static).result
 
 
+def dims_map(n_loops: int, dims: list[int]) -> ir.AffineMapAttr:
+    """The indexing map of an operand indexed by the loops `dims` (of `n_loops`): `map_dims`'s inverse."""
+    return ir.AffineMapAttr.get(ir.AffineMap.get(n_loops, 0, [ir.AffineDimExpr.get(d) for d in dims]))
+
+
 def map_dims(op: ir.Operation) -> list[list[int]]:
     """For each operand of a linalg generic (whose maps are projected permutations), the loops
     it is indexed by."""

@@ -68,8 +68,8 @@ from .convolutions import CONV as _CONV
 from .convolutions import CONV_HWCF as _CONV_HWCF
 from .convolutions import DEPTHWISE as _DEPTHWISE
 from .convolutions import pads_in_place, static_f32
-from .half import widen_arithmetic
-from .irutil import find_ops, map_dims, run_passes
+from .half import is_half, widen_arithmetic
+from .irutil import dims_map, find_ops, map_dims, run_passes
 from .irutil import tensor_dim as _dim
 from .irutil import tensor_shape as _shape
 from .tiles import Tiles, derive
@@ -234,11 +234,10 @@ def _pack_filter(op: ir.Operation, parallel: bool, tiles: Tiles) -> None:
     """`_filter_panels` of one 2-D convolution (static, f32) whose output channels are more than
     one column tile: with `parallel`, its panels are an scf.forall if it has at least
     SPLIT_MIN_MACS multiply-adds."""
-    tiling = plan(op, tiles)
-    loops = _loop_sizes(op)
-    if tiling is None or loops is None or not static_f32(op):
+    tiling = plan(op, tiles) if static_f32(op) else None
+    if tiling is None:
         return
-    tn = tiling[0][3]
+    loops, tn = _loop_sizes(op), tiling[0][3]
     if loops[3] > tn:
         _filter_panels(op, tn, parallel and threads() > 1 and math.prod(loops) >= SPLIT_MIN_MACS)
 
@@ -305,7 +304,7 @@ def _half_contraction_loops(op: ir.Operation) -> tuple[Extent, ...] | None:
     if op.name not in _CONTRACTIONS or "indexing_maps" in op.attributes:
         return None
     lhs, rhs, init = list(op.operands)[:3]
-    if not (all(_half(ir.RankedTensorType(v.type).element_type) for v in (lhs, rhs))
+    if not (all(is_half(ir.RankedTensorType(v.type).element_type) for v in (lhs, rhs))
             and isinstance(ir.RankedTensorType(init.type).element_type, ir.F32Type)):
         return None
     a, b = _shape(lhs), _shape(rhs)
@@ -343,13 +342,9 @@ def _extended(value: ir.Value, dims: list[int] | None = None) -> ir.Value:
         shape[r] = _dim(value, d)
     f32 = ir.F32Type.get()
     empty = tensor.EmptyOp(shape, f32).result
-
-    def amap(ds: list[int]) -> ir.AffineMapAttr:
-        return ir.AffineMapAttr.get(ir.AffineMap.get(rank, 0, [ir.AffineDimExpr.get(d) for d in ds]))
-
     parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
-    generic = linalg.GenericOp([empty.type], [value], [empty], ir.ArrayAttr.get([amap(dims), amap(list(range(rank)))]),
-                               ir.ArrayAttr.get([parallel] * rank))
+    maps = ir.ArrayAttr.get([dims_map(rank, dims), dims_map(rank, list(range(rank)))])
+    generic = linalg.GenericOp([empty.type], [value], [empty], maps, ir.ArrayAttr.get([parallel] * rank))
     body = generic.regions[0].blocks.append(ir.RankedTensorType(value.type).element_type, f32)
     with ir.InsertionPoint(body):
         linalg.YieldOp([arith.ExtFOp(f32, body.arguments[0]).result])
@@ -394,8 +389,7 @@ def _dot_form(op: ir.Operation, transpose: ir.Operation) -> None:
     maps = [[*range(batch), m, k], source_loops, [*range(batch), m, n]]
     element = ir.RankedTensorType(init.type).element_type
     with ir.InsertionPoint(op), op.location:
-        attr = ir.ArrayAttr.get([ir.AffineMapAttr.get(ir.AffineMap.get(rank, 0, [ir.AffineDimExpr.get(d)
-                                                                                  for d in dims])) for dims in maps])
+        attr = ir.ArrayAttr.get([dims_map(rank, dims) for dims in maps])
         kinds = [ir.Attribute.parse(f"#linalg.iterator_type<{'reduction' if d == k else 'parallel'}>")
                  for d in range(rank)]
         generic = linalg.GenericOp([init.type], [lhs, source], [init], attr, ir.ArrayAttr.get(kinds))
@@ -536,18 +530,10 @@ def _column_panels(op: ir.Operation, source: ir.Operation, tn: int, forall: bool
         with ir.InsertionPoint(body):
             *at, column = ivs
             offsets, panel_shape = [*at, 0, column], [*ones, k, tn]
-            element = ir.RankedTensorType(rhs.type).element_type
-            empty = tensor.EmptyOp(panel_shape, element).result
+            empty = tensor.EmptyOp(panel_shape, ir.RankedTensorType(rhs.type).element_type).result
             if transposed and source.name == "linalg.generic":  # extended to f32 (`_widen`)
                 weight, dims = source.operands[0], map_dims(source)[0]
-                panel_of = [_extract(weight, [offsets[r] for r in dims], [panel_shape[r] for r in dims])]
-                panel = linalg.GenericOp([empty.type], panel_of, [empty], source.attributes["indexing_maps"],
-                                         source.attributes["iterator_types"])
-                panel.regions[0].blocks.append(*(a.type for a in source.regions[0].blocks[0].arguments))
-                with ir.InsertionPoint(panel.regions[0].blocks[0]):
-                    args = panel.regions[0].blocks[0].arguments
-                    linalg.YieldOp([arith.ExtFOp(element, args[0]).result])
-                panel = panel.results[0]
+                panel = _extended(_extract(weight, [offsets[r] for r in dims], [panel_shape[r] for r in dims]), dims)
             elif transposed:
                 weight = source.operands[0]
                 perm = list(ir.DenseI64ArrayAttr(source.attributes["permutation"]))
@@ -652,7 +638,7 @@ def plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
     along every loop: LLVM aborts on odd vectors of them ("Do not know how to soft promote this
     operator's operand": a bf16 pooling's `vector<9xbf16>`)."""
     tiling = _plan(op, tiles)
-    if tiling is None or not any(_half(ir.ShapedType(v.type).element_type) for v in op.operands
+    if tiling is None or not any(is_half(ir.ShapedType(v.type).element_type) for v in op.operands
                                  if isinstance(v.type, ir.ShapedType)):
         return tiling
     return tiling if all(size & (size - 1) == 0 for size in tiling[0]) else None
@@ -993,8 +979,7 @@ def _replace_with_contraction(op: ir.Operation, inputs: list[ir.Value], dims: li
     iterators = iterators or op.attributes["iterator_types"]
     n_loops = len(ir.ArrayAttr(iterators))
     init = list(op.operands)[len(maps) - 1]
-    affine = [ir.AffineMapAttr.get(ir.AffineMap.get(n_loops, 0, [ir.AffineDimExpr.get(d) for d in ds]))
-              for ds in [*dims, maps[-1] if out_dims is None else out_dims]]
+    affine = [dims_map(n_loops, ds) for ds in [*dims, maps[-1] if out_dims is None else out_dims]]
     with ir.InsertionPoint(op), op.location:
         generic = linalg.GenericOp([op.results[0].type], inputs, [init], ir.ArrayAttr.get(affine), iterators)
         types = [ir.RankedTensorType(v.type).element_type for v in [*inputs, init]]
@@ -1037,7 +1022,7 @@ def _loop_sizes(op: ir.Operation) -> tuple[Extent, ...] | None:
     if not all(isinstance(t, ir.RankedTensorType) for t in shaped):
         return None
     half = op.name == "linalg.generic"  # `_plain_body` checks how it uses bf16 and f16 values
-    if not all(_vector_element(ir.ShapedType(t).element_type) or (half and _half(ir.ShapedType(t).element_type))
+    if not all(_vector_element(ir.ShapedType(t).element_type) or (half and is_half(ir.ShapedType(t).element_type))
                for t in shaped):
         return None
     if op.name in _CONTRACTIONS:
@@ -1098,7 +1083,8 @@ def _vector_element(t: ir.Type) -> bool:
     """f32, f64 or a signless integer of a power-of-two width. Not f16/bf16 arithmetic: LLVM's
     x86 backend aborts on some of their vector ops ("soft promote"); their values are vectorized
     only as loaded and extended to f32, or truncated from it and stored (`_plain_body`,
-    `_half_contraction_loops`: a bf16 Llama decoded 40x slower as scalar loops); not unsigned integers, which only
+    `_half_contraction_loops`: a bf16 Llama decoded 28x slower than eager as scalar loops); not
+    unsigned integers, which only
     tosa.rescale uses; not i48 (int16 convolutions' accumulator): LLVM packs a vector of i48 in
     memory, 6 bytes an element, where a buffer of them holds one in 8 bytes."""
     return isinstance(t, ir.F32Type | ir.F64Type) or (isinstance(t, ir.IntegerType) and t.is_signless
@@ -1108,7 +1094,8 @@ def _vector_element(t: ir.Type) -> bool:
 def _plain_body(op: ir.Operation) -> bool:
     """A generic whose body the vectorizer maps to vector ops: arith and math ops on f32, f64 or
     signless integers, no nested regions, no gathers; bf16 and f16 values only loaded and
-    extended to f32 (`arith.extf`) or truncated from it and stored (`_half_storage`)."""
+    extended to f32 (`arith.extf`) or truncated from it and stored (`half.widen_arithmetic` leaves
+    bodies so)."""
     for block in op.regions[0].blocks:
         for inner in block.operations:
             if inner.regions or inner.name in ("tensor.extract", "linalg.index"):
@@ -1117,15 +1104,11 @@ def _plain_body(op: ir.Operation) -> bool:
                 return False
             values = list(inner.operands) + list(inner.results)
             if inner.name in ("arith.extf", "arith.truncf", "linalg.yield"):
-                if not all(_vector_element(v.type) or _half(v.type) for v in values):
+                if not all(_vector_element(v.type) or is_half(v.type) for v in values):
                     return False
             elif not all(_vector_element(v.type) for v in values):
                 return False
     return True
-
-
-def _half(t: ir.Type) -> bool:
-    return isinstance(t, ir.BF16Type | ir.F16Type)
 
 
 def _divisor(n: int, target: int) -> int:
