@@ -43,9 +43,12 @@ __all__ = [
 
 
 def _register_backend() -> None:
-    from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+    """Name the backend for `torch.compile(backend="torchtosa")`, unless torch found it already: an
+    installed torchtosa is also an entry point of `torch_dynamo_backends`, which torch loads (so
+    imports this package) and registers itself."""
+    from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_backend
 
-    if "torchtosa" not in _COMPILER_FNS:
+    if "torchtosa" not in _COMPILER_FNS and "torchtosa" not in _BACKENDS:
         register_backend(torchtosa_backend, name="torchtosa")
 
 

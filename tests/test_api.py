@@ -58,6 +58,18 @@ def test_readme_example(xy: tuple[torch.Tensor, torch.Tensor], compiled_foo: tor
     torch.testing.assert_close(torch.compile(foo, backend="torchtosa")(x, y), foo(x, y))
 
 
+def test_backend_by_name_without_importing_torchtosa() -> None:
+    """torch finds the installed backend through its entry point and imports the package itself."""
+    script = ("import torch\n"
+              "x = torch.randn(3, 4)\n"
+              "out = torch.compile(lambda a: a.sin() * 2, backend='torchtosa')(x)\n"
+              "torch.testing.assert_close(out, x.sin() * 2)\n"
+              "import torchtosa\n"
+              "print(torchtosa.explain(lambda a: a.sin() * 2, x).native_ops)\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+
+
 def test_python_numbers_alpha_and_promotion() -> None:
     x, b, i = torch.randn(3, 4), torch.randn(3, 4), torch.randint(-5, 5, (3, 4), dtype=torch.int32)
 
