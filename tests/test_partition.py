@@ -17,18 +17,24 @@ MODELS = {
     "conv": lambda: (nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
                                    nn.Conv2d(8, 8, 3), nn.Sigmoid()), (torch.randn(2, 3, 12, 12),)),
     "residual_mlp": lambda: (_ResidualMLP(), (torch.randn(6, 24),)),
+    "masked_mlp": lambda: (_ResidualMLP(masked=True), (torch.randn(6, 24),)),
 }
 
 
 class _ResidualMLP(nn.Module):
-    def __init__(self) -> None:
+    """Residual blocks; `masked`: each block's update is masked by one boolean tensor computed
+    before them (as a transformer's attention mask is), so a boolean crosses every cut."""
+
+    def __init__(self, masked: bool = False) -> None:
         super().__init__()
+        self.masked = masked
         self.blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(24), nn.Linear(24, 48), nn.GELU(), nn.Linear(48, 24))
                                     for _ in range(4))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = x.abs() > 0.5
         for block in self.blocks:
-            x = x + block(x)
+            x = x + (block(x).masked_fill(mask, 0.0) if self.masked else block(x))
         return x.softmax(-1)
 
 
@@ -57,10 +63,12 @@ def test_parts_agree_with_eager(name: str, opt: str, monkeypatch: pytest.MonkeyP
     api.CACHE.clear()
 
 
-def test_parts_pass_few_values_and_share_one_arena() -> None:
-    """Cuts fall where few values are live (near the residual stream between blocks), and the
-    parts of the lowered module get their memory from the caller's one arena."""
-    model, inputs = MODELS["residual_mlp"]()
+@pytest.mark.parametrize("name", ["residual_mlp", "masked_mlp"])
+def test_parts_pass_few_values_and_share_one_arena(name: str) -> None:
+    """Cuts fall where few values are live (near the residual stream between blocks), a boolean
+    crossing them as i8, and the parts of the lowered module get their memory from the caller's
+    one arena."""
+    model, inputs = MODELS[name]()
     program = torchtosa.to_tosa(model.eval(), *inputs, target=None)
     module = _prepare(program.module, "forward", tuple(program.inputs), tuple(program.outputs))
     body = list(next(op for op in module.body.operations).regions[0].blocks[0].operations)[:-1]
@@ -71,4 +79,7 @@ def test_parts_pass_few_values_and_share_one_arena() -> None:
     # the blocks after the first are identical: one function, called once per block
     assert max(callees.count(c) for c in callees) == 3 and len(set(callees)) == 3
     assert sum(len(call.results) for call in calls) <= 12
+    signatures = [str(ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value))
+                  for op in module.body.operations if op.operation.name == "func.func"]
+    assert not any("xi1>" in s for s in signatures[:-1]), signatures  # no boolean crosses a call as i1
     assert len(pipeline.lower(module, "default")) == 1  # one arena, for the caller

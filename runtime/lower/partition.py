@@ -7,7 +7,9 @@ took more than linear time in its depth. `partition(module)` cuts each function 
 cut where the fewest values cross it (between a transformer's layers, only the residual
 stream), and makes each part a private function `@<name>__part<i>` that the function calls.
 Constants are cloned into every part that uses them, so they stay visible to folding and
-shape verification. Values crossing a cut become arguments and results.
+shape verification. Values crossing a cut become arguments and results; a boolean one (a
+transformer's attention mask, used by every layer) crosses as i8, cast on either side: an i1
+buffer is one the LLVM lowering cannot store.
 
 A model of identical layers (a transformer's blocks, with their weights as arguments) repeats
 one run of ops. `_repeat` finds the period and the stretch it covers; the function is cut at
@@ -23,7 +25,7 @@ import itertools
 
 import numpy as np
 from mlir import ir
-from mlir.dialects import func
+from mlir.dialects import func, tosa
 
 from .irutil import find_ops, is_sub_byte, top_level
 
@@ -136,9 +138,9 @@ def _merge_identical(caller: ir.Operation, callees: list[func.FuncOp]) -> None:
 def _crossings(body: list[ir.Operation], position: dict[ir.Operation, int],
                function: ir.Operation) -> tuple[list[int], list[int]]:
     """For each position c of `body`: the values defined before c and used at or after it, and
-    how many of them a cut must not cross (booleans: as an argument or result each would be an
-    i1 buffer, which the LLVM lowering cannot store; values of dynamic shape: bufferization
-    can't make a caller-allocated result of them)."""
+    how many of them a cut must not cross (values of dynamic shape: bufferization can't make a
+    caller-allocated result of them; sub-byte integers other than booleans, which `_outline`
+    carries as i8)."""
     crossing, booleans = [0] * (len(body) + 2), [0] * (len(body) + 2)  # as differences first
     for i, op in enumerate(body):
         if op.name in _CONSTANTS:
@@ -148,7 +150,8 @@ def _crossings(body: list[ir.Operation], position: dict[ir.Operation, int],
             t = result.type
             element = ir.ShapedType(t).element_type if isinstance(t, ir.ShapedType) else t
             dynamic = isinstance(t, ir.ShapedType) and not ir.ShapedType(t).has_static_shape
-            counts = (crossing, booleans) if is_sub_byte(element) or dynamic else (crossing,)
+            counts = (crossing, booleans) if (is_sub_byte(element) and not _is_bool(element)) or dynamic \
+                else (crossing,)
             for count in counts:
                 count[i + 1] += 1
                 count[last + 1] -= 1
@@ -157,7 +160,7 @@ def _crossings(body: list[ir.Operation], position: dict[ir.Operation, int],
 
 def _cuts(crossing: list[int], booleans: list[int], begin: int, end: int, size: int) -> list[int]:
     """Positions in (begin, end) to cut before: each part has `size` to 1.5 x `size` ops, cut
-    where the fewest values cross, never where a boolean or dynamic value does."""
+    where the fewest values cross, never where one that can't (`_crossings`) does."""
     cuts, start = [], begin
     while end - start > size * 3 // 2:
         allowed = [c for c in range(start + size, end - size // 2) if not booleans[c]]
@@ -187,22 +190,25 @@ def _outline(function: ir.Operation, ops: list[ir.Operation], name: str) -> func
                if any(top_level(use.owner, function) not in inside for use in r.uses)]
     if not outputs:
         return None  # nothing of it is used (folding removes it later)
-    callee = func.FuncOp(name, ([v.type for v in inputs], [v.type for v in outputs]), visibility="private",
-                         ip=ir.InsertionPoint(function))
+    callee = func.FuncOp(name, ([_carried(v.type) for v in inputs], [_carried(v.type) for v in outputs]),
+                         visibility="private", ip=ir.InsertionPoint(function))
     entry = callee.add_entry_block()
     with ir.InsertionPoint(ops[0]):
-        call = func.CallOp([v.type for v in outputs], ir.FlatSymbolRefAttr.get(name), list(inputs))
+        call = func.CallOp([_carried(v.type) for v in outputs], ir.FlatSymbolRefAttr.get(name),
+                           [_cast(v, _carried(v.type)) for v in inputs])
     for value, result in zip(outputs, call.results, strict=True):
+        result = _cast(result, value.type)
         for use in list(value.uses):
             if top_level(use.owner, function) not in inside:
                 use.owner.operands[use.operand_number] = result
     with ir.InsertionPoint(entry):
         clones = {c: c.clone() for c in constants}
+        arguments = [_cast(a, v.type) for a, v in zip(entry.arguments, inputs, strict=True)]
         for op in ops:
             op.detach_from_parent()
             ir.InsertionPoint(entry).insert(op)
-        func.ReturnOp(outputs)
-    replacements = [*zip(inputs, entry.arguments, strict=True),
+        func.ReturnOp([_cast(v, _carried(v.type)) for v in outputs])
+    replacements = [*zip(inputs, arguments, strict=True),
                     *((const.results[0], clone.results[0]) for const, clone in clones.items())]
     for old, new in replacements:
         for use in list(old.uses):
@@ -212,6 +218,26 @@ def _outline(function: ir.Operation, ops: list[ir.Operation], name: str) -> func
         if not list(const.results[0].uses):
             const.erase()
     return callee
+
+
+def _is_bool(element: ir.Type) -> bool:
+    return isinstance(element, ir.IntegerType) and element.width == 1
+
+
+def _carried(t: ir.Type) -> ir.Type:
+    """The type a value of type `t` crosses a call boundary as: a boolean tensor as i8."""
+    if isinstance(t, ir.RankedTensorType) and _is_bool(t.element_type):
+        return ir.RankedTensorType.get(t.shape, ir.IntegerType.get_signless(8))
+    return t
+
+
+def _cast(value: ir.Value, to: ir.Type) -> ir.Value:
+    """`value` as type `to` (a `tosa.cast` after its definition), or itself if it has that type."""
+    if value.type == to:
+        return value
+    owner = value.owner
+    at = ir.InsertionPoint.at_block_begin(owner) if isinstance(owner, ir.Block) else ir.InsertionPoint.after(owner)
+    return tosa.CastOp(to, value, ip=at).result
 
 
 def _free_operands(op: ir.Operation) -> list[ir.Value]:
