@@ -1,8 +1,8 @@
 """Run a graph natively where the registries can lower it and with PyTorch where they can't.
 
 `split(gm, compile_region, min_ops)` asks `support.unsupported_reason` about every node,
-lets torch's `CapabilityBasedPartitioner` group the supported ones into maximal regions
-without cycles (multi-output ops stay with their `getitem`s), compiles each region of at
+groups the supported ones into regions without cycles in one pass over the graph (`_regions`:
+multi-output ops stay with their `getitem`s), compiles each region of at
 least `min_ops` aten ops to native code and leaves the rest of the graph as it is: the
 outer GraphModule calls the native regions and the eager ops in order, passing tensors
 without copies; an update of an input is written in place (`state.py`). A node the
@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
-from torch.fx.passes.operator_support import OperatorSupportBase
+from torch.fx.passes.infra.partitioner import Partition
+from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
 from .errors import InternalError, TorchTosaError, Unsupported
 from .execute.state import in_place_writes, update_in_place
@@ -216,8 +216,7 @@ def _attempt(gm: fx.GraphModule, reasons: dict[str, str | None], compile_region:
         return native, all_native(gm, program)
     outer = _copy(gm)
     while True:  # until no eager op reads the storage beneath a native view
-        partitioner = CapabilityBasedPartitioner(outer, _Support(reasons), allows_single_node_partition=True)
-        partitions = partitioner.propose_partitions()
+        partitions = _regions(outer, reasons)
         for p in partitions:
             if _size(p) < min_ops:
                 for node in p.nodes:
@@ -227,7 +226,7 @@ def _attempt(gm: fx.GraphModule, reasons: dict[str, str | None], compile_region:
             break
     _lay_out_storage_bases(outer, reasons)
     big = [p for p in partitions if _size(p) >= min_ops]
-    fused = partitioner.fuse_partitions(big) if big else outer
+    fused = fuse_by_partitions(outer, [p.nodes for p in big]) if big else outer
     regions = _compile_regions(fused, compile_region, failures)
     for gone in update_in_place(fused):
         reasons.pop(gone)
@@ -317,16 +316,40 @@ def _views_as_reshapes(gm: fx.GraphModule) -> None:
     gm.recompile()
 
 
-class _Support(OperatorSupportBase):
-    def __init__(self, reasons: dict[str, str | None]) -> None:
-        self.reasons = reasons
+def _regions(gm: fx.GraphModule, reasons: dict[str, str | None]) -> list[Partition]:
+    """The supported nodes of `gm` (no reason in `reasons`; a `getitem` goes where its op goes)
+    grouped into regions, each of which can run as one call between eager ops.
 
-    def is_node_supported(self, _submodules: Any, node: fx.Node) -> bool:
-        if node.op != "call_function":
-            return False
-        if node.target is operator.getitem:
-            return self.reasons.get(node.args[0].name) is None
-        return self.reasons.get(node.name) is None
+    A pass in graph order gives every node its earliest stage: a supported node the largest stage
+    of its inputs, an eager op the largest of its eager inputs' stages and its supported inputs'
+    stages + 1 (an eager op that only reads inputs of the graph or other eager ops runs before
+    stage 0). A pass in reverse order then moves each supported node to its latest stage, at most
+    its supported users' and below its eager users' (a weight's transpose goes to the region
+    of its matmul, not to the first region). A region is the supported nodes of one stage; a path
+    that leaves a region of stage k and returns would pass an eager op of stage > k and so end
+    beyond k: fusing a region never makes a cycle. (torch's CapabilityBasedPartitioner merges
+    pairs and searches for cycles after each merge: seconds on a graph of thousands of nodes.)"""
+    def supported(node: fx.Node) -> bool:
+        source = node.args[0] if node.target is operator.getitem else node
+        return node.op == "call_function" and reasons.get(source.name) is None
+
+    nodes = list(gm.graph.nodes)
+    native = {n for n in nodes if supported(n)}
+    stage: dict[fx.Node, int] = {}
+    for node in nodes:
+        inputs = node.all_input_nodes
+        stage[node] = max((stage[p] + (node not in native and p in native) for p in inputs), default=0)
+    last = max((stage[n] for n in native), default=0)
+    for node in reversed(nodes):
+        if node in native:
+            stage[node] = min((stage[u] - (u not in native) for u in node.users if u.op != "output"), default=last)
+    regions: dict[int, list[fx.Node]] = {}
+    for node in nodes:
+        if node in native:
+            if node.target is operator.getitem:
+                stage[node] = stage[node.args[0]]
+            regions.setdefault(stage[node], []).append(node)
+    return [Partition(i, nodes) for i, (_, nodes) in enumerate(sorted(regions.items()))]
 
 
 def _size(p: Partition) -> int:
