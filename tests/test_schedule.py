@@ -535,6 +535,26 @@ def test_vector_matrix_products_read_the_weight_as_dot_products(name: str, in_fe
         torch.testing.assert_close(torchtosa.compile(linear, x, opt=opt)(x), linear(x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("opt", ["default", "parallel"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_large_vector_matrix_products_read_their_rows_as_streams(dtype: torch.dtype, opt: str) -> None:
+    """A weight larger than the L2 cache (a decoding step's, from memory) is read as `Tiles.dot[0]`
+    sequential streams: the columns of a register tile are rows N/streams apart (the weight
+    viewed [streams, N/streams, K]); a smaller one keeps adjacent rows. Both agree with eager."""
+    tiles = derive(select())
+    streams, k = tiles.dot[0], 256
+    big = -(-2 * tiles.streamed_matrix_bytes // (k * dtype.itemsize) // 64) * 64  # twice the threshold
+    for n, interleaved in ((big, True), (64, False)):
+        linear = nn.Linear(k, n, bias=False).to(dtype).eval()
+        x = torch.randn(1, k, dtype=dtype)
+        text = str(_linalg(linear, x, opt=opt, stop_before="bufferize"))
+        assert (f"tensor<{streams}x{n // streams}x{k}x" in text) == interleaved
+        with torch.no_grad():
+            expected = (x.float() @ linear.weight.float().t()).to(dtype)  # f32 sums, rounded once
+            torch.testing.assert_close(torchtosa.compile(linear, x, opt=opt)(x), expected,
+                                       **({"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {}))
+
+
 def test_one_query_attention_scores_are_dot_products() -> None:
     """q @ k^T for one query reads k as stored (the KV cache), as dot products."""
     def scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,10 @@ memory each time: such a convolution runs as a matmul per filter tap
 
 A vector-matrix product (one row: a decoding step's nn.Linear) reads the weight along k, its
 rows contiguous, as dot products: the same accumulators hold DOT_COLUMNS output columns x a
-chunk of k each, summed across lanes once k is done (64 of k with AVX-512, 16 with AVX2).
+chunk of k each, summed across lanes once k is done (64 of k with AVX-512, 16 with AVX2). A
+matrix larger than the L2 cache (`streamed_matrix_bytes`) comes from memory: its DOT_COLUMNS
+columns are then rows far apart, read as that many sequential streams
+(`schedule._interleave_streams`).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class Tiles:
     transpose: int  # side of a transpose's square tile, transposed in registers: one vector
     dot: tuple[int, int]  # output columns x k chunk of a vector-matrix product's register tile
     direct_filter_bytes: int  # the largest filter panel a convolution reads directly, else a matmul per tap
+    streamed_matrix_bytes: int  # a vector-matrix product's matrix from this size is read as streams
 
 
 def derive(cpu: Cpu) -> Tiles:
@@ -57,7 +61,8 @@ def derive(cpu: Cpu) -> Tiles:
     register_tile = (accumulators // COLUMN_VECTORS, COLUMN_VECTORS * lanes)
     dot = (DOT_COLUMNS, accumulators // DOT_COLUMNS * lanes)
     return Tiles(lanes=lanes, matmul=register_tile, depthwise=register_tile, vector=OTHER_OPS_VECTORS * lanes,
-                 transpose=lanes, dot=dot, direct_filter_bytes=cpu.l2_kib * 1024 // 2)
+                 transpose=lanes, dot=dot, direct_filter_bytes=cpu.l2_kib * 1024 // 2,
+                 streamed_matrix_bytes=cpu.l2_kib * 1024)
 
 
 def selected(cpu: Cpu | None = None) -> Tiles:
