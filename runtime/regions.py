@@ -1,7 +1,7 @@
 """Run a graph natively where the registries can lower it and with PyTorch where they can't.
 
 `split(gm, compile_region, min_ops)` asks `support.unsupported_reason` about every node,
-groups the supported ones into regions without cycles in one pass over the graph (`_regions`:
+groups the supported ones into regions without cycles in two passes over the graph (`_regions`:
 multi-output ops stay with their `getitem`s), compiles each region of at
 least `min_ops` aten ops to native code and leaves the rest of the graph as it is: the
 outer GraphModule calls the native regions and the eager ops in order, passing tensors
@@ -349,7 +349,7 @@ def _regions(gm: fx.GraphModule, reasons: dict[str, str | None]) -> list[Partiti
             if node.target is operator.getitem:
                 stage[node] = stage[node.args[0]]
             regions.setdefault(stage[node], []).append(node)
-    return [Partition(i, nodes) for i, (_, nodes) in enumerate(sorted(regions.items()))]
+    return [Partition(i, members) for i, (_, members) in enumerate(sorted(regions.items()))]
 
 
 def _size(p: Partition) -> int:

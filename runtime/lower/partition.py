@@ -48,8 +48,8 @@ def _split(function: ir.Operation, body: list[ir.Operation], size: int) -> None:
     name = ir.StringAttr(function.attributes["sym_name"]).value
     body = [op.operation for op in body]
     position = {op: i for i, op in enumerate(body)}
-    crossing, booleans = _crossings(body, position, function)
-    layers = _layer_cuts(body, crossing, booleans, size)  # [] or the bounds of each repetition
+    crossing, blocked = _crossings(body, position, function)
+    layers = _layer_cuts(body, crossing, blocked, size)  # [] or the bounds of each repetition
     repeated = set(itertools.pairwise(layers))
     spans = [(0, layers[0]), *itertools.pairwise(layers), (layers[-1], len(body))] if layers else [(0, len(body))]
     parts: list[tuple[int, int]] = []
@@ -57,7 +57,7 @@ def _split(function: ir.Operation, body: list[ir.Operation], size: int) -> None:
         if (start, end) in repeated:
             parts.append((start, end))
         elif end > start:
-            parts.extend(itertools.pairwise([start, *_cuts(crossing, booleans, start, end, size), end]))
+            parts.extend(itertools.pairwise([start, *_cuts(crossing, blocked, start, end, size), end]))
     if len(parts) < 2:
         return
     outlined = [(_outline(function, body[a:b], f"{name}__part{i}"), (a, b) in repeated)
@@ -65,7 +65,7 @@ def _split(function: ir.Operation, body: list[ir.Operation], size: int) -> None:
     _merge_identical(function, [callee for callee, layer in outlined if layer and callee is not None])
 
 
-def _layer_cuts(body: list[ir.Operation], crossing: list[int], booleans: list[int], size: int) -> list[int]:
+def _layer_cuts(body: list[ir.Operation], crossing: list[int], blocked: list[int], size: int) -> list[int]:
     """Cut positions that bound each repetition of the longest repeated run of ops (a layer
     of `size` / 4 ops or more, repeated at least twice), at the same place in each, where the
     fewest values cross; [] if there is none."""
@@ -79,7 +79,7 @@ def _layer_cuts(body: list[ir.Operation], crossing: list[int], booleans: list[in
     for phase in range(period):
         count = (span + period - phase) // period  # repetitions that fit after the phase
         cuts = [at[start + phase + j * period] for j in range(count + 1) if start + phase + j * period < len(at)]
-        if len(cuts) < 3 or any(booleans[c] for c in cuts):
+        if len(cuts) < 3 or any(blocked[c] for c in cuts):
             continue
         score = (-len(cuts), max(crossing[c] for c in cuts))
         if best is None or score < best[0]:
@@ -141,7 +141,7 @@ def _crossings(body: list[ir.Operation], position: dict[ir.Operation, int],
     how many of them a cut must not cross (values of dynamic shape: bufferization can't make a
     caller-allocated result of them; sub-byte integers other than booleans, which `_outline`
     carries as i8)."""
-    crossing, booleans = [0] * (len(body) + 2), [0] * (len(body) + 2)  # as differences first
+    crossing, blocked = [0] * (len(body) + 2), [0] * (len(body) + 2)  # as differences first
     for i, op in enumerate(body):
         if op.name in _CONSTANTS:
             continue
@@ -150,20 +150,20 @@ def _crossings(body: list[ir.Operation], position: dict[ir.Operation, int],
             t = result.type
             element = ir.ShapedType(t).element_type if isinstance(t, ir.ShapedType) else t
             dynamic = isinstance(t, ir.ShapedType) and not ir.ShapedType(t).has_static_shape
-            counts = (crossing, booleans) if (is_sub_byte(element) and not _is_bool(element)) or dynamic \
+            counts = (crossing, blocked) if (is_sub_byte(element) and not _is_bool(element)) or dynamic \
                 else (crossing,)
             for count in counts:
                 count[i + 1] += 1
                 count[last + 1] -= 1
-    return list(itertools.accumulate(crossing)), list(itertools.accumulate(booleans))
+    return list(itertools.accumulate(crossing)), list(itertools.accumulate(blocked))
 
 
-def _cuts(crossing: list[int], booleans: list[int], begin: int, end: int, size: int) -> list[int]:
+def _cuts(crossing: list[int], blocked: list[int], begin: int, end: int, size: int) -> list[int]:
     """Positions in (begin, end) to cut before: each part has `size` to 1.5 x `size` ops, cut
     where the fewest values cross, never where one that can't (`_crossings`) does."""
     cuts, start = [], begin
     while end - start > size * 3 // 2:
-        allowed = [c for c in range(start + size, end - size // 2) if not booleans[c]]
+        allowed = [c for c in range(start + size, end - size // 2) if not blocked[c]]
         if not allowed:
             break
         window = [c for c in allowed if c <= start + size * 3 // 2] or allowed[:1]
