@@ -21,6 +21,23 @@ MODELS = {
 }
 
 
+class _CachedLayers(nn.Module):
+    """Decoding-like layers: each grows its cache by one row (`torch.cat`, as HF's DynamicCache)
+    and attends over it; the grown caches are outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(24, 24) for _ in range(4))
+
+    def forward(self, x: torch.Tensor, *caches: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        grown = []
+        for layer, cache in zip(self.layers, caches, strict=True):
+            cache = torch.cat([cache, layer(x).tanh()], 1)
+            x = x + (cache.softmax(1) * cache).sum(1, keepdim=True)
+            grown.append(cache)
+        return x, *grown
+
+
 class _ResidualMLP(nn.Module):
     """Residual blocks; `masked`: each block's update is masked by one boolean tensor computed
     before them (as a transformer's attention mask is), so a boolean crosses every cut."""
@@ -83,3 +100,55 @@ def test_parts_pass_few_values_and_share_one_arena(name: str) -> None:
                   for op in module.body.operations if op.operation.name == "func.func"]
     assert not any("xi1>" in s for s in signatures[:-1]), signatures  # no boolean crosses a call as i1
     assert len(pipeline.lower(module, "default")) == 1  # one arena, for the caller
+
+
+def test_layers_growing_a_dynamic_cache_are_cut_and_merged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decoding step with a cache of a symbolic length: the grown caches (dynamic results, which
+    a part can't return) are concatenated again by the caller from the part's static values, so
+    the layers are still cut apart and the identical ones compiled once; the results agree with
+    eager at every length."""
+    seen: list[list[str]] = []
+    lower = pipeline.lower
+
+    def spy(module: ir.Module, *args: object, **kwargs: object) -> object:
+        copy = ir.Module.parse(str(module), context=module.context)
+        lower(copy, "default", stop_before="tosa-to-linalg")  # partitioned
+        forward = next(f for f in copy.body.operations if ir.StringAttr(f.attributes["sym_name"]).value == "forward")
+        calls = [op for op in forward.regions[0].blocks[0].operations if op.name == "func.call"]
+        seen.append([ir.FlatSymbolRefAttr(c.attributes["callee"]).value for c in calls])
+        return lower(module, *args, **kwargs)
+
+    monkeypatch.setattr(partition, "PART_OPS", 8)
+    monkeypatch.setattr("torchtosa.execute.native.lower", spy)
+    api.CACHE.clear()
+    torch.manual_seed(0)
+    model = _CachedLayers().eval()
+    compiled = torchtosa.compile(model)
+    with torch.no_grad():
+        for length in (5, 7, 11):  # the second length compiles the symbolic one
+            x, caches = torch.randn(1, 1, 24), [torch.randn(1, length, 24) for _ in range(4)]
+            for got, want in zip(compiled(x, *caches), model(x, *caches), strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    api.CACHE.clear()
+    assert len(seen) == 2, seen  # the first length, then the symbolic one
+    callees = seen[-1]
+    assert max(callees.count(c) for c in callees) >= 3, callees  # the repeated layer: one function
+
+
+def test_a_dynamic_result_after_the_last_cut_stays_in_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Static layers, then a result of a symbolic size computed from them: the ops after the last
+    cut are not made a part (which would return a buffer the caller can't allocate; bufferization
+    failed and the whole graph ran eagerly)."""
+    def fn(x: torch.Tensor, rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        for _ in range(6):
+            x = torch.tanh(x @ w) + x
+        return rows @ x.t()
+
+    monkeypatch.setattr(partition, "PART_OPS", 8)
+    api.CACHE.clear()
+    x, w = torch.randn(4, 24), torch.randn(24, 24) / 5
+    compiled = torchtosa.compile(fn, fallback="error")
+    for length in (5, 7, 11):  # the second length compiles the symbolic one
+        rows = torch.randn(length, 24)
+        torch.testing.assert_close(compiled(x, rows, w), fn(x, rows, w), rtol=1e-5, atol=1e-5)
+    api.CACHE.clear()

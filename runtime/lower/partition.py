@@ -9,7 +9,11 @@ stream), and makes each part a private function `@<name>__part<i>` that the func
 Constants are cloned into every part that uses them, so they stay visible to folding and
 shape verification. Values crossing a cut become arguments and results; a boolean one (a
 transformer's attention mask, used by every layer) crosses as i8, cast on either side: an i1
-buffer is one the LLVM lowering cannot store.
+buffer is one the LLVM lowering cannot store. A result can't be of a dynamic shape (the caller
+allocates results); where one is a concatenation of the function's arguments and values of
+static shapes (a layer's KV cache grown by one token, `torch.cat` in HF's DynamicCache), the
+caller concatenates them again from those values (`_sinkable`), so a decoding step with the
+dynamic cache is still cut between its layers.
 
 A model of identical layers (a transformer's blocks, with their weights as arguments) repeats
 one run of ops. `_repeat` finds the period and the stretch it covers; the function is cut at
@@ -138,21 +142,14 @@ def _merge_identical(caller: ir.Operation, callees: list[func.FuncOp]) -> None:
 def _crossings(body: list[ir.Operation], position: dict[ir.Operation, int],
                function: ir.Operation) -> tuple[list[int], list[int]]:
     """For each position c of `body`: the values defined before c and used at or after it, and
-    how many of them a cut must not cross (values of dynamic shape: bufferization can't make a
-    caller-allocated result of them; sub-byte integers other than booleans, which `_outline`
-    carries as i8)."""
+    how many of them a cut must not cross (`_blocked`)."""
     crossing, blocked = [0] * (len(body) + 2), [0] * (len(body) + 2)  # as differences first
     for i, op in enumerate(body):
         if op.name in _CONSTANTS:
             continue
         for result in op.results:
             last = max((position.get(top_level(use.owner, function), len(body)) for use in result.uses), default=i)
-            t = result.type
-            element = ir.ShapedType(t).element_type if isinstance(t, ir.ShapedType) else t
-            dynamic = isinstance(t, ir.ShapedType) and not ir.ShapedType(t).has_static_shape
-            counts = (crossing, blocked) if (is_sub_byte(element) and not _is_bool(element)) or dynamic \
-                else (crossing,)
-            for count in counts:
+            for count in (crossing, blocked) if _blocked(result, function) else (crossing,):
                 count[i + 1] += 1
                 count[last + 1] -= 1
     return list(itertools.accumulate(crossing)), list(itertools.accumulate(blocked))
@@ -188,7 +185,14 @@ def _outline(function: ir.Operation, ops: list[ir.Operation], name: str) -> func
                 inputs[value] = None
     outputs = [r for op in ops for r in op.results
                if any(top_level(use.owner, function) not in inside for use in r.uses)]
-    if not outputs:
+    if any(_blocked(v, function) for v in outputs):
+        return None  # a function's result computed after its last cut: the ops stay in the caller
+    sunk = [v for v in outputs if _dynamic(v)]  # `_sinkable`: the caller computes them again
+    outputs = [v for v in outputs if not _dynamic(v)]
+    for value in sunk:
+        outputs += [v for v in value.owner.operands
+                    if isinstance(v, ir.OpResult) and v.owner.operation in inside and v not in outputs]
+    if not outputs and not sunk:
         return None  # nothing of it is used (folding removes it later)
     callee = func.FuncOp(name, ([_carried(v.type) for v in inputs], [_carried(v.type) for v in outputs]),
                          visibility="private", ip=ir.InsertionPoint(function))
@@ -196,11 +200,19 @@ def _outline(function: ir.Operation, ops: list[ir.Operation], name: str) -> func
     with ir.InsertionPoint(ops[0]):
         call = func.CallOp([_carried(v.type) for v in outputs], ir.FlatSymbolRefAttr.get(name),
                            [_cast(v, _carried(v.type)) for v in inputs])
+    returned: dict[ir.Value, ir.Value] = {}
     for value, result in zip(outputs, call.results, strict=True):
-        result = _cast(result, value.type)
+        returned[value] = result = _cast(result, value.type)
         for use in list(value.uses):
             if top_level(use.owner, function) not in inside:
                 use.owner.operands[use.operand_number] = result
+    for value in sunk:
+        again = value.owner.operation.clone(ip=ir.InsertionPoint(ops[0]))
+        for i, operand in enumerate(value.owner.operands):
+            again.operands[i] = returned.get(operand, operand)
+        for use in list(value.uses):
+            if top_level(use.owner, function) not in inside:
+                use.owner.operands[use.operand_number] = again.results[0]
     with ir.InsertionPoint(entry):
         clones = {c: c.clone() for c in constants}
         arguments = [_cast(a, v.type) for a, v in zip(entry.arguments, inputs, strict=True)]
@@ -218,6 +230,32 @@ def _outline(function: ir.Operation, ops: list[ir.Operation], name: str) -> func
         if not list(const.results[0].uses):
             const.erase()
     return callee
+
+
+def _blocked(value: ir.Value, function: ir.Operation) -> bool:
+    """Whether `value` can't be a part's result: of a dynamic shape but not `_sinkable`, or of
+    sub-byte integers other than booleans (which cross as i8)."""
+    t = value.type
+    element = ir.ShapedType(t).element_type if isinstance(t, ir.ShapedType) else t
+    if is_sub_byte(element) and not _is_bool(element):
+        return True
+    return _dynamic(value) and not _sinkable(value.owner, function)
+
+
+def _dynamic(value: ir.Value) -> bool:
+    return isinstance(value.type, ir.ShapedType) and not ir.ShapedType(value.type).has_static_shape
+
+
+def _sinkable(op: ir.Operation, function: ir.Operation) -> bool:
+    """Whether the caller can compute `op` (of a dynamic result) again, after the call of the part
+    holding it: a concatenation of `function`'s arguments, constants and values of static shapes
+    (which the part returns)."""
+    def available(value: ir.Value) -> bool:
+        if isinstance(value, ir.BlockArgument):
+            return value.owner.owner.operation == function
+        return not _dynamic(value) or value.owner.name in _CONSTANTS
+
+    return op.name == "tosa.concat" and all(available(v) for v in op.operands)
 
 
 def _is_bool(element: ir.Type) -> bool:
