@@ -25,7 +25,7 @@ from torchtosa.execute import native as execute
 from torchtosa.execute.native import _prepare
 from torchtosa.lower import contractions, pipeline, schedule, vecmath
 from torchtosa.lower.contractions import fold_transposes, sum_of_products
-from torchtosa.lower.irutil import find_ops
+from torchtosa.lower.irutil import context, find_ops
 from torchtosa.lower.schedule import _column_divisor, _divisor, collapse_reductions, plan
 from torchtosa.lower.tiles import derive
 
@@ -553,6 +553,36 @@ def test_large_vector_matrix_products_read_their_rows_as_streams(dtype: torch.dt
             expected = (x.float() @ linear.weight.float().t()).to(dtype)  # f32 sums, rounded once
             torch.testing.assert_close(torchtosa.compile(linear, x, opt=opt)(x), expected,
                                        **({"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {}))
+
+
+_SCALED_SCORES = """
+func.func @f(%q: tensor<16x64xf32>, %s: tensor<f32>, %k: tensor<16x64x?xf32>,
+             %init: tensor<16x?xf32>) -> tensor<16x?xf32> {
+  %r = linalg.generic {indexing_maps = [affine_map<(d0, d1, d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> ()>,
+                                        affine_map<(d0, d1, d2) -> (d0, d2, d1)>, affine_map<(d0, d1, d2) -> (d0, d1)>],
+                       iterator_types = ["parallel", "parallel", "reduction"]}
+      ins(%q, %s, %k : tensor<16x64xf32>, tensor<f32>, tensor<16x64x?xf32>) outs(%init : tensor<16x?xf32>) {
+  ^bb0(%a: f32, %b: f32, %c: f32, %o: f32):
+    %0 = arith.mulf %a, %b : f32
+    %1 = arith.mulf %0, %c : f32
+    %2 = arith.addf %o, %1 : f32
+    linalg.yield %2 : f32
+  } -> tensor<16x?xf32>
+  return %r : tensor<16x?xf32>
+}
+"""
+
+
+def test_a_product_with_a_scalar_factor_is_scheduled() -> None:
+    """One query's scores against a cache of a symbolic length, scaled by a 0-d tensor (a Llama
+    decoding step with the dynamic cache): a factor read along no loop is not a dot product's
+    vector (looking for its k loop raised an IndexError, and every decoding step ran eagerly)."""
+    with context():
+        module = ir.Module.parse(_SCALED_SCORES)
+        (op,) = find_ops(module, lambda op: op.name == "linalg.generic")
+        assert schedule._dot_loops(op) is None
+        schedule.schedule(module)
+        module.operation.verify()
 
 
 def test_one_query_attention_scores_are_dot_products() -> None:

@@ -485,7 +485,7 @@ def _dot_loops(op: ir.Operation) -> tuple[int, int] | None:
     if sum("reduction" in kind for kind in kinds) != 1 or "reduction" not in kinds[k]:
         return None
     out, n = maps[-1], rank - 2
-    if sorted(out) != list(range(rank - 1)) or not out or any(dims[-1] != k for dims in maps[:-1]):
+    if sorted(out) != list(range(rank - 1)) or not out or any(not dims or dims[-1] != k for dims in maps[:-1]):
         return None
     sizes = _loop_sizes(op)
     vectors, matrices = [d for d in maps[:-1] if n not in d], [d for d in maps[:-1] if n in d]
