@@ -440,14 +440,15 @@ def _interleave_streams(op: ir.Operation, tiles: Tiles) -> None:
     def split(dims: list[int]) -> list[int]:  # the loops of an operand, n read as (r, g)
         return [x for d in dims for x in ((r, g) if d == n else (renumber[d],))]
 
+    def groups(dims: list[int]) -> list[list[int]]:  # an operand's dimension reading n as two
+        at = dims.index(n)
+        return [[i + (i > at)] if i != at else [at, at + 1] for i in range(len(dims))]
+
     def expanded(value: ir.Value, dims: list[int]) -> ir.Value:
         if n not in dims:
             return value
-        at = dims.index(n)
-        groups = [[i + (i > at)] for i in range(len(dims))]
-        groups[at] = [at, at + 1]
-        shape = _shape(value)
-        return expand(value, groups, [*shape[:at], streams, shape[at] // streams, *shape[at + 1:]])
+        at, shape = dims.index(n), _shape(value)
+        return expand(value, groups(dims), [*shape[:at], streams, shape[at] // streams, *shape[at + 1:]])
 
     block = op.regions[0].blocks[0]
     with ir.InsertionPoint(op), op.location:
@@ -462,10 +463,7 @@ def _interleave_streams(op: ir.Operation, tiles: Tiles) -> None:
         for inner in list(block.operations):
             inner.detach_from_parent()
             ir.InsertionPoint(body).insert(inner)
-        at = maps[-1].index(n)
-        groups = [[i + (i > at)] for i in range(len(maps[-1]))]
-        groups[at] = [at, at + 1]
-        result = collapse(generic.results[0], groups)
+        result = collapse(generic.results[0], groups(maps[-1]))
     op.results[0].replace_all_uses_with(result)
     op.erase()
 
