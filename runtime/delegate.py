@@ -25,30 +25,15 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
-from torch.fx.passes.operator_support import OperatorSupportBase
 
 from .capture import symbolic
 from .errors import NotConformant, Unsupported
 from .importer.graph import Program, import_graph, where
 from .importer.support import is_size, unsupported_reason
 from .importer.target import Target
-from .regions import _copy, _size
+from .regions import _copy, _size, _Support
 
 Runner = Callable[..., list[torch.Tensor]]  # (program, *inputs) -> outputs
-
-
-class _Support(OperatorSupportBase):
-    """The ops `reasons` has no reason for (a `getitem` with its op)."""
-
-    def __init__(self, reasons: dict[str, str | None]) -> None:
-        self.reasons = reasons
-
-    def is_node_supported(self, _submodules: Any, node: fx.Node) -> bool:
-        if node.op != "call_function":
-            return False
-        if node.target is operator.getitem:
-            return self.reasons.get(node.args[0].name) is None
-        return self.reasons.get(node.name) is None
 
 
 @dataclass

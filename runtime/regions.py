@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch.fx.passes.infra.partitioner import Partition
+from torch.fx.passes.operator_support import OperatorSupportBase
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
 from .errors import InternalError, TorchTosaError, Unsupported
@@ -329,12 +330,9 @@ def _regions(gm: fx.GraphModule, reasons: dict[str, str | None]) -> list[Partiti
     that leaves a region of stage k and returns would pass an eager op of stage > k and so end
     beyond k: fusing a region never makes a cycle. (torch's CapabilityBasedPartitioner merges
     pairs and searches for cycles after each merge: seconds on a graph of thousands of nodes.)"""
-    def supported(node: fx.Node) -> bool:
-        source = node.args[0] if node.target is operator.getitem else node
-        return node.op == "call_function" and reasons.get(source.name) is None
-
+    support = _Support(reasons)
     nodes = list(gm.graph.nodes)
-    native = {n for n in nodes if supported(n)}
+    native = {n for n in nodes if support.is_node_supported({}, n)}
     stage: dict[fx.Node, int] = {}
     for node in nodes:
         inputs = node.all_input_nodes
@@ -350,6 +348,20 @@ def _regions(gm: fx.GraphModule, reasons: dict[str, str | None]) -> list[Partiti
                 stage[node] = stage[node.args[0]]
             regions.setdefault(stage[node], []).append(node)
     return [Partition(i, members) for i, (_, members) in enumerate(sorted(regions.items()))]
+
+
+class _Support(OperatorSupportBase):
+    """The ops `reasons` has no reason for (a `getitem` with its op)."""
+
+    def __init__(self, reasons: dict[str, str | None]) -> None:
+        self.reasons = reasons
+
+    def is_node_supported(self, _submodules: Any, node: fx.Node) -> bool:
+        if node.op != "call_function":
+            return False
+        if node.target is operator.getitem:
+            return self.reasons.get(node.args[0].name) is None
+        return self.reasons.get(node.name) is None
 
 
 def _size(p: Partition) -> int:
