@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from mlir import ir
@@ -18,7 +19,7 @@ from torch import nn
 
 import torchtosa
 from torchtosa.cpu import select
-from torchtosa.lower import convolutions, partition, tiles
+from torchtosa.lower import convolutions, partition, tiles, winograd
 from torchtosa.lower.irutil import find_ops
 from torchtosa.lower.schedule import _lanes_divisor, pack_panels, plans
 from torchtosa.lower.sink import sink_transposes
@@ -265,3 +266,35 @@ def test_filters_of_several_column_tiles_are_packed_in_panels(conv: nn.Module, s
     assert ir.RankedTensorType(convs[0].operands[1].type).shape == panel
     assert convs[0].parent.name == "scf.for" and conv.out_channels > columns
     _check(conv, x)
+
+
+@pytest.mark.parametrize("m", sorted(winograd.TRANSFORMS))
+def test_winograd_transforms_compute_a_correlation(m: int) -> None:
+    """Each F(m, 3) table of winograd.TRANSFORMS: At [(G g) * (Bt d)] is the correlation of m + 2
+    samples d with a 3-tap filter g (in float64, to rounding)."""
+    bt, g, at = (np.array(x, dtype=np.float64) for x in winograd.TRANSFORMS[m])
+    rng = np.random.default_rng(m)
+    for _ in range(4):
+        d, k = rng.standard_normal(m + 2), rng.standard_normal(3)
+        np.testing.assert_allclose(at @ ((g @ k) * (bt @ d)), [d[i:i + 3] @ k for i in range(m)], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(("conv", "shape"), [
+    (nn.Conv2d(128, 128, 3, padding=1), (2, 128, 11, 13)),  # partial tiles at the bottom and right
+    (nn.Conv3d(128, 128, 3, padding=1, stride=(2, 1, 1), bias=False), (2, 128, 5, 9, 9)),
+    (nn.Conv3d(128, 136, 3, padding=(2, 1, 1), dilation=(2, 1, 1)), (1, 128, 4, 12, 12))])
+def test_wide_3x3_convolutions_run_by_winograd(conv: nn.Module, shape: tuple[int, ...]) -> None:
+    """A 3x3 convolution of stride 1 over winograd.MIN_CHANNELS channels and MIN_ROWS tiles (a 3-D
+    one's per plane, any depth stride and dilation) is Winograd's: transforms and a batch of
+    matmuls, no convolution op left; it agrees with eager as closely as the direct one does."""
+    x = torch.randn(shape)
+    names = _ops(conv.eval(), x, stop_before="schedule")
+    assert not any(n.startswith("linalg.conv") for n in names) and "linalg.batch_matmul" in names
+    _check(conv, x)
+
+
+def test_3x3_convolutions_over_few_tiles_stay_direct() -> None:
+    """512 channels on 7 x 7 (16 tiles of 2 x 2): the filter's transform would cost more than the
+    matmuls save."""
+    names = _ops(nn.Conv2d(512, 512, 3, padding=1).eval(), torch.randn(1, 512, 7, 7), stop_before="schedule")
+    assert "linalg.batch_matmul" not in names

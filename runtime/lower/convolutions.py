@@ -24,6 +24,10 @@
   for every output plane od are the batch of a linalg.conv_2d_nhwc_hwcf with the tap's HWCF
   filter, accumulating into the output planes. The schedule tiles and vectorizes those as any
   2-D convolution; a 3-D one it would leave as plain loops (100x slower than eager).
+- A 3x3 convolution of stride 1 over many channels and output pixels (2-D, or a 3-D one's
+  planes) runs by Winograd's F(2x2, 3x3) (`winograd.convolve`: 2.25x fewer multiply-adds, the
+  transforms and the 16 products all matmuls). r3d_18's 3x3x3 convolution of 128 channels on 8 x
+  28 x 28, one thread on Zen 4: 36.5 ms, direct 53 ms, eager 47 ms.
 - A depthwise convolution with channel multiplier 1 (tosa.depthwise_conv2d of a depthwise
   nn.Conv2d: groups == channels) is linalg.depthwise_conv_2d_nhwc_hwc, which the schedule
   tiles over (output column, channel) and vectorizes along the channels (`schedule.plan`).
@@ -42,7 +46,7 @@ from mlir.dialects import linalg, tensor
 
 from ..cpu import Cpu
 from ..internal import blaming
-from . import tiles
+from . import tiles, winograd
 from .irutil import collapse, expand, find_ops, is_sub_byte
 
 CONV = "linalg.conv_2d_nhwc_fhwc"  # loops (n, oh, ow, f, kh, kw, c)
@@ -70,6 +74,9 @@ def rewrite_convolutions(module: ir.Module, cpu: Cpu | None = None) -> None:
         for op in find_ops(module, lambda op: op.name == _DEPTHWISE_M and _multiplier_one(op)):
             with blaming(op):
                 _depthwise_hwc(op)
+        for op in find_ops(module, lambda op: op.name in (CONV, CONV_HWCF, _CONV3D) and _by_winograd(op)):
+            with blaming(op):
+                _winograd(op)
         for op in find_ops(module, lambda op: op.name == _CONV3D and static_f32(op)):
             if ir.RankedTensorType(op.results[0].type).shape[0] * ir.RankedTensorType(op.operands[1].type).shape[0] \
                     <= MAX_UNROLLED:
@@ -118,6 +125,52 @@ def _panel_exceeds(op: ir.Operation, limit: int, columns: int) -> bool:
     shape = ir.RankedTensorType(op.operands[1].type).shape
     kh, kw, c, f = shape if op.name == CONV_HWCF else (*shape[1:], shape[0])  # HWCF or FHWC
     return static_f32(op) and 4 * kh * kw * c * min(f, columns) > limit and kh * kw <= MAX_TAPS
+
+
+def _by_winograd(op: ir.Operation) -> bool:
+    """A static f32 2-D or 3-D convolution `winograd.applies` to (per plane), of at most
+    MAX_UNROLLED batch elements for a 3-D one."""
+    if not static_f32(op):
+        return False
+    shape = ir.RankedTensorType(op.operands[1].type).shape
+    out = ir.RankedTensorType(op.results[0].type).shape
+    strides, dilations = _ints(op, "strides"), _ints(op, "dilations")
+    if op.name == _CONV3D:
+        (_, kh, kw, c, f), strides, dilations = shape, strides[1:], dilations[1:]
+        if out[0] > MAX_UNROLLED:
+            return False
+        planes, out = out[1], out[2:4]  # per batch element
+    else:
+        kh, kw, c, f = shape if op.name == CONV_HWCF else (*shape[1:], shape[0])
+        planes, out = out[0], out[1:3]
+    return winograd.applies([kh, kw], strides, dilations, c, f, out, planes)
+
+
+def _winograd(op: ir.Operation) -> None:
+    """Replace convolution `op` by `winograd.convolve`: a 2-D one's batch elements are its
+    planes; a 3-D one's depth planes, per batch element."""
+    image, weight, init = list(op.operands)[:3]
+    with ir.InsertionPoint(op), op.location:
+        if op.name == _CONV3D:
+            sd, dd = _ints(op, "strides")[0], _ints(op, "dilations")[0]
+            n, od, oh, ow, f = ir.RankedTensorType(init.type).shape
+            _, d, h, w, c = ir.RankedTensorType(image.type).shape
+            result = init
+            for b in range(n):
+                planes = collapse(_slice(image, [b, 0, 0, 0, 0], [1, d, h, w, c]), [[0, 1], [2], [3], [4]])
+                acc = collapse(_slice(result, [b, 0, 0, 0, 0], [1, od, oh, ow, f]), [[0, 1], [2], [3], [4]])
+                acc = winograd.convolve(planes, weight, acc, sd, dd)
+                result = tensor.InsertSliceOp(expand(acc, [[0, 1], [2], [3], [4]], [1, od, oh, ow, f]), result,
+                                              [], [], [], [b, 0, 0, 0, 0], [1, od, oh, ow, f], [1] * 5).result
+        else:
+            if op.name == CONV:  # FHWC -> HWCF
+                f, kh, kw, c = ir.RankedTensorType(weight.type).shape
+                weight = linalg.transpose(weight, outs=[tensor.EmptyOp([kh, kw, c, f], ir.F32Type.get()).result],
+                                          permutation=[1, 2, 3, 0]).results[0]
+            taps = expand(weight, [[0, 1], [2], [3], [4]], [1, *ir.RankedTensorType(weight.type).shape])
+            result = winograd.convolve(image, taps, init)
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
 
 
 def _taps_as_matmuls(op: ir.Operation) -> None:

@@ -21,6 +21,12 @@ channels with Zen 4's 1 MiB of L2; from 256 channels with x86-64-v3's 256 KiB) w
 memory each time: such a convolution runs as a matmul per filter tap
 (`convolutions._taps_as_matmuls`), whose packed panels hold one tap's rows.
 
+A contraction walks its second operand's column panels outside its rows, so each panel is read
+once and the first operand once per panel: from memory, if it is larger than the L2. Where the
+whole second operand, packed, fits in half of the L2 (`resident_operand_bytes`), it is packed
+once and the rows are walked in blocks of a quarter of the L2 (`row_block_bytes`, BLIS's mc),
+every panel passing over a block while it stays in the L2 (`schedule._row_blocks`).
+
 A vector-matrix product (one row: a decoding step's nn.Linear) reads the weight along k, its
 rows contiguous, as dot products: the same accumulators hold DOT_COLUMNS output columns x a
 chunk of k each, summed across lanes once k is done (64 of k with AVX-512, 16 with AVX2). A
@@ -51,6 +57,8 @@ class Tiles:
     transpose: int  # side of a transpose's square tile, transposed in registers: one vector
     dot: tuple[int, int]  # output columns x k chunk of a vector-matrix product's register tile
     direct_filter_bytes: int  # the largest filter panel a convolution reads directly, else a matmul per tap
+    resident_operand_bytes: int  # the largest second operand of a contraction packed whole, kept in the L2
+    row_block_bytes: int  # rows of a contraction's first operand that stay in the L2 while every panel passes
     streamed_matrix_bytes: int  # a vector-matrix product's matrix from this size is read as streams
 
 
@@ -62,6 +70,7 @@ def derive(cpu: Cpu) -> Tiles:
     dot = (DOT_COLUMNS, accumulators // DOT_COLUMNS * lanes)
     return Tiles(lanes=lanes, matmul=register_tile, depthwise=register_tile, vector=OTHER_OPS_VECTORS * lanes,
                  transpose=lanes, dot=dot, direct_filter_bytes=cpu.l2_kib * 1024 // 2,
+                 resident_operand_bytes=cpu.l2_kib * 1024 // 2, row_block_bytes=cpu.l2_kib * 1024 // 4,
                  streamed_matrix_bytes=cpu.l2_kib * 1024)
 
 
