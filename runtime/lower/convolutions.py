@@ -47,7 +47,7 @@ from mlir.dialects import linalg, tensor
 from ..cpu import Cpu
 from ..internal import blaming
 from . import tiles, winograd
-from .irutil import collapse, expand, find_ops, is_sub_byte
+from .irutil import collapse, expand, find_ops, is_sub_byte, static_slice
 
 CONV = "linalg.conv_2d_nhwc_fhwc"  # loops (n, oh, ow, f, kh, kw, c)
 CONV_HWCF = "linalg.conv_2d_nhwc_hwcf"  # the same loops; its filter as the schedule's tiles read it
@@ -157,8 +157,8 @@ def _winograd(op: ir.Operation) -> None:
             _, d, h, w, c = ir.RankedTensorType(image.type).shape
             result = init
             for b in range(n):
-                planes = collapse(_slice(image, [b, 0, 0, 0, 0], [1, d, h, w, c]), [[0, 1], [2], [3], [4]])
-                acc = collapse(_slice(result, [b, 0, 0, 0, 0], [1, od, oh, ow, f]), [[0, 1], [2], [3], [4]])
+                planes = collapse(static_slice(image, [b, 0, 0, 0, 0], [1, d, h, w, c]), [[0, 1], [2], [3], [4]])
+                acc = collapse(static_slice(result, [b, 0, 0, 0, 0], [1, od, oh, ow, f]), [[0, 1], [2], [3], [4]])
                 acc = winograd.convolve(planes, weight, acc, sd, dd)
                 result = tensor.InsertSliceOp(expand(acc, [[0, 1], [2], [3], [4]], [1, od, oh, ow, f]), result,
                                               [], [], [], [b, 0, 0, 0, 0], [1, od, oh, ow, f], [1] * 5).result
@@ -190,12 +190,12 @@ def _taps_as_matmuls(op: ir.Operation) -> None:
                 if (kh, kw, h, w) == (1, 1, oh, ow):
                     pixels = image
                 else:
-                    read = _slice(image, [0, i * dh, j * dw, 0], [n, oh, ow, c], [1, sh, sw, 1])
+                    read = static_slice(image, [0, i * dh, j * dw, 0], [n, oh, ow, c], [1, sh, sw, 1])
                     pixels = linalg.copy(read, outs=[tensor.EmptyOp([n, oh, ow, c], ir.F32Type.get()).result])
                 if hwcf:
-                    taps = collapse(_slice(weight, [i, j, 0, 0], [1, 1, c, f]), [[0, 1, 2], [3]])
+                    taps = collapse(static_slice(weight, [i, j, 0, 0], [1, 1, c, f]), [[0, 1, 2], [3]])
                 else:
-                    tap_fc = collapse(_slice(weight, [0, i, j, 0], [f, 1, 1, c]), [[0, 1, 2], [3]])
+                    tap_fc = collapse(static_slice(weight, [0, i, j, 0], [f, 1, 1, c]), [[0, 1, 2], [3]])
                     taps = linalg.transpose(tap_fc, outs=[tensor.EmptyOp([c, f], ir.F32Type.get()).result],
                                             permutation=[1, 0])
                 acc = linalg.matmul(collapse(pixels, [[0, 1, 2], [3]]), taps, outs=[acc])
@@ -217,20 +217,16 @@ def _conv3d_as_conv2d(op: ir.Operation) -> None:
     with ir.InsertionPoint(op), op.location:
         result = init
         for b in range(n):
-            acc = collapse(_slice(result, [b, 0, 0, 0, 0], [1, od, oh, ow, f]), planes)
+            acc = collapse(static_slice(result, [b, 0, 0, 0, 0], [1, od, oh, ow, f]), planes)
             for tap in range(kd):
-                inputs = collapse(_slice(image, [b, tap * dd, 0, 0, 0], [1, od, h, w, c], [1, sd, 1, 1, 1]), planes)
-                taps = collapse(_slice(weight, [tap, 0, 0, 0, 0], [1, kh, kw, c, f]), planes)
+                read = static_slice(image, [b, tap * dd, 0, 0, 0], [1, od, h, w, c], [1, sd, 1, 1, 1])
+                inputs = collapse(read, planes)
+                taps = collapse(static_slice(weight, [tap, 0, 0, 0, 0], [1, kh, kw, c, f]), planes)
                 acc = linalg.conv_2d_nhwc_hwcf(inputs, taps, outs=[acc], strides=strides, dilations=dilations)
             result = tensor.InsertSliceOp(expand(acc, planes, [1, od, oh, ow, f]), result, [], [], [],
                                           [b, 0, 0, 0, 0], [1, od, oh, ow, f], [1] * 5).result
     op.results[0].replace_all_uses_with(result)
     op.erase()
-
-
-def _slice(value: ir.Value, offsets: list[int], sizes: list[int], strides: list[int] | None = None) -> ir.Value:
-    result = ir.RankedTensorType.get(sizes, ir.RankedTensorType(value.type).element_type)
-    return tensor.ExtractSliceOp(result, value, [], [], [], offsets, sizes, strides or [1] * len(sizes)).result
 
 
 def _depthwise_hwc(op: ir.Operation) -> None:

@@ -104,6 +104,13 @@ def expand(value: ir.Value, groups: list[list[int]], sizes: list[int | ir.Value]
     return tensor.ExpandShapeOp(result, value, groups, [d for d in sizes if isinstance(d, ir.Value)], static).result
 
 
+def static_slice(value: ir.Value, offsets: list[int], sizes: list[int], strides: list[int] | None = None) -> ir.Value:
+    """The slice of ranked tensor `value` at static `offsets`, of static `sizes` (and `strides`,
+    by default 1), rank kept."""
+    result = ir.RankedTensorType.get(sizes, ir.RankedTensorType(value.type).element_type)
+    return tensor.ExtractSliceOp(result, value, [], [], [], offsets, sizes, strides or [1] * len(sizes)).result
+
+
 def dims_map(n_loops: int, dims: list[int]) -> ir.AffineMapAttr:
     """The indexing map of an operand indexed by the loops `dims` (of `n_loops`): `map_dims`'s inverse."""
     return ir.AffineMapAttr.get(ir.AffineMap.get(n_loops, 0, [ir.AffineDimExpr.get(d) for d in dims]))

@@ -30,7 +30,7 @@ import numpy as np
 from mlir import ir
 from mlir.dialects import arith, linalg, tensor
 
-from .irutil import collapse, expand
+from .irutil import collapse, expand, static_slice
 
 # F(m x m, 3 x 3): Bt [(m+2) x (m+2)], G [(m+2) x 3], At [m x (m+2)] (Lavin and Gray's, points 0, 1, -1, inf)
 TRANSFORMS = {
@@ -75,8 +75,8 @@ def convolve(image: ir.Value, taps: ir.Value, init: ir.Value, depth_stride: int 
     gathered = _empty([a * a, p, th, tw, c])  # D: each position of a tile, over every tile
     for i in range(a):
         for j in range(a):
-            read = _slice(image, [0, i, j, 0], [p, th, tw, c], [1, m, m, 1])
-            slot = _slice(gathered, [i * a + j, 0, 0, 0, 0], [1, p, th, tw, c])
+            read = static_slice(image, [0, i, j, 0], [p, th, tw, c], [1, m, m, 1])
+            slot = static_slice(gathered, [i * a + j, 0, 0, 0, 0], [1, p, th, tw, c])
             copied = linalg.copy(expand(read, [[0, 1], [2], [3], [4]], [1, p, th, tw, c]), outs=[slot])
             gathered = _insert(copied, gathered, [i * a + j, 0, 0, 0, 0])
     transformed = _matmul(np.kron(bt, bt), collapse(gathered, [[0], [1, 2, 3, 4]]))  # V [a*a, P*T*C]
@@ -88,10 +88,11 @@ def convolve(image: ir.Value, taps: ir.Value, init: ir.Value, depth_stride: int 
 
     products = _zeros([a * a, q * th * tw, f])  # M
     for tap in range(kd):
-        planes = _slice(transformed, [0, tap * depth_dilation, 0, 0], [a * a, q, th * tw, c], [1, depth_stride, 1, 1])
+        planes = static_slice(transformed, [0, tap * depth_dilation, 0, 0], [a * a, q, th * tw, c],
+                              [1, depth_stride, 1, 1])
         if depth_stride != 1:
             planes = linalg.copy(planes, outs=[_empty([a * a, q, th * tw, c])])
-        tap_filters = collapse(_slice(filters, [0, tap, 0, 0], [a * a, 1, c, f]), [[0, 1], [2], [3]])
+        tap_filters = collapse(static_slice(filters, [0, tap, 0, 0], [a * a, 1, c, f]), [[0, 1], [2], [3]])
         products = linalg.batch_matmul(collapse(planes, [[0], [1, 2], [3]]), tap_filters, outs=[products])
 
     tiles = _matmul(np.kron(at, at), collapse(products, [[0], [1, 2]]))  # Y [m*m, Q*T*F]
@@ -99,7 +100,7 @@ def convolve(image: ir.Value, taps: ir.Value, init: ir.Value, depth_stride: int 
     pixels = linalg.transpose(tiles, outs=[_empty([q, th, m, tw, m, f])], permutation=[2, 3, 0, 4, 1, 5]).results[0]
     pixels = collapse(pixels, [[0], [1, 2], [3, 4], [5]])
     if [th * m, tw * m] != [oh, ow]:
-        pixels = _slice(pixels, [0, 0, 0, 0], [q, oh, ow, f])
+        pixels = static_slice(pixels, [0, 0, 0, 0], [q, oh, ow, f])
     return linalg.add(pixels, init, outs=[init])
 
 
@@ -127,11 +128,6 @@ def _empty(shape: list[int]) -> ir.Value:
 def _zeros(shape: list[int]) -> ir.Value:
     zero = arith.ConstantOp(ir.F32Type.get(), 0.0).result
     return linalg.fill(zero, outs=[_empty(shape)])
-
-
-def _slice(value: ir.Value, offsets: list[int], sizes: list[int], strides: list[int] | None = None) -> ir.Value:
-    result = ir.RankedTensorType.get(sizes, ir.RankedTensorType(value.type).element_type)
-    return tensor.ExtractSliceOp(result, value, [], [], [], offsets, sizes, strides or [1] * len(sizes)).result
 
 
 def _insert(value: ir.Value, dest: ir.Value, offsets: list[int]) -> ir.Value:
