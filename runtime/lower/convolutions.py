@@ -47,7 +47,7 @@ from mlir.dialects import linalg, tensor
 from ..cpu import Cpu
 from ..internal import blaming
 from . import tiles, winograd
-from .irutil import collapse, expand, find_ops, is_sub_byte, static_slice
+from .irutil import collapse, expand, find_ops, is_sub_byte, static_insert, static_slice
 
 CONV = "linalg.conv_2d_nhwc_fhwc"  # loops (n, oh, ow, f, kh, kw, c)
 CONV_HWCF = "linalg.conv_2d_nhwc_hwcf"  # the same loops; its filter as the schedule's tiles read it
@@ -160,8 +160,8 @@ def _winograd(op: ir.Operation) -> None:
                 planes = collapse(static_slice(image, [b, 0, 0, 0, 0], [1, d, h, w, c]), [[0, 1], [2], [3], [4]])
                 acc = collapse(static_slice(result, [b, 0, 0, 0, 0], [1, od, oh, ow, f]), [[0, 1], [2], [3], [4]])
                 acc = winograd.convolve(planes, weight, acc, sd, dd)
-                result = tensor.InsertSliceOp(expand(acc, [[0, 1], [2], [3], [4]], [1, od, oh, ow, f]), result,
-                                              [], [], [], [b, 0, 0, 0, 0], [1, od, oh, ow, f], [1] * 5).result
+                result = static_insert(expand(acc, [[0, 1], [2], [3], [4]], [1, od, oh, ow, f]), result,
+                                       [b, 0, 0, 0, 0])
         else:
             if op.name == CONV:  # FHWC -> HWCF
                 f, kh, kw, c = ir.RankedTensorType(weight.type).shape
@@ -223,8 +223,7 @@ def _conv3d_as_conv2d(op: ir.Operation) -> None:
                 inputs = collapse(read, planes)
                 taps = collapse(static_slice(weight, [tap, 0, 0, 0, 0], [1, kh, kw, c, f]), planes)
                 acc = linalg.conv_2d_nhwc_hwcf(inputs, taps, outs=[acc], strides=strides, dilations=dilations)
-            result = tensor.InsertSliceOp(expand(acc, planes, [1, od, oh, ow, f]), result, [], [], [],
-                                          [b, 0, 0, 0, 0], [1, od, oh, ow, f], [1] * 5).result
+            result = static_insert(expand(acc, planes, [1, od, oh, ow, f]), result, [b, 0, 0, 0, 0])
     op.results[0].replace_all_uses_with(result)
     op.erase()
 

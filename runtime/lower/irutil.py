@@ -111,6 +111,12 @@ def static_slice(value: ir.Value, offsets: list[int], sizes: list[int], strides:
     return tensor.ExtractSliceOp(result, value, [], [], [], offsets, sizes, strides or [1] * len(sizes)).result
 
 
+def static_insert(value: ir.Value, dest: ir.Value, offsets: list[int]) -> ir.Value:
+    """`dest` with ranked tensor `value` inserted at static `offsets` (unit strides): `static_slice`'s inverse."""
+    sizes = ir.RankedTensorType(value.type).shape
+    return tensor.InsertSliceOp(value, dest, [], [], [], offsets, sizes, [1] * len(sizes)).result
+
+
 def dims_map(n_loops: int, dims: list[int]) -> ir.AffineMapAttr:
     """The indexing map of an operand indexed by the loops `dims` (of `n_loops`): `map_dims`'s inverse."""
     return ir.AffineMapAttr.get(ir.AffineMap.get(n_loops, 0, [ir.AffineDimExpr.get(d) for d in dims]))

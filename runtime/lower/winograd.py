@@ -30,7 +30,7 @@ import numpy as np
 from mlir import ir
 from mlir.dialects import arith, linalg, tensor
 
-from .irutil import collapse, expand, static_slice
+from .irutil import collapse, expand, static_insert, static_slice
 
 # F(m x m, 3 x 3): Bt [(m+2) x (m+2)], G [(m+2) x 3], At [m x (m+2)] (Lavin and Gray's, points 0, 1, -1, inf)
 TRANSFORMS = {
@@ -78,7 +78,7 @@ def convolve(image: ir.Value, taps: ir.Value, init: ir.Value, depth_stride: int 
             read = static_slice(image, [0, i, j, 0], [p, th, tw, c], [1, m, m, 1])
             slot = static_slice(gathered, [i * a + j, 0, 0, 0, 0], [1, p, th, tw, c])
             copied = linalg.copy(expand(read, [[0, 1], [2], [3], [4]], [1, p, th, tw, c]), outs=[slot])
-            gathered = _insert(copied, gathered, [i * a + j, 0, 0, 0, 0])
+            gathered = static_insert(copied, gathered, [i * a + j, 0, 0, 0, 0])
     transformed = _matmul(np.kron(bt, bt), collapse(gathered, [[0], [1, 2, 3, 4]]))  # V [a*a, P*T*C]
     transformed = expand(transformed, [[0], [1, 2, 3]], [a * a, p, th * tw, c])
 
@@ -118,7 +118,7 @@ def _padded(image: ir.Value, shape: list[int]) -> ir.Value:
     have = ir.RankedTensorType(image.type).shape
     if have == shape:
         return image
-    return _insert(image, _zeros(shape), [0] * len(shape))
+    return static_insert(image, _zeros(shape), [0] * len(shape))
 
 
 def _empty(shape: list[int]) -> ir.Value:
@@ -129,7 +129,3 @@ def _zeros(shape: list[int]) -> ir.Value:
     zero = arith.ConstantOp(ir.F32Type.get(), 0.0).result
     return linalg.fill(zero, outs=[_empty(shape)])
 
-
-def _insert(value: ir.Value, dest: ir.Value, offsets: list[int]) -> ir.Value:
-    sizes = ir.RankedTensorType(value.type).shape
-    return tensor.InsertSliceOp(value, dest, [], [], [], offsets, sizes, [1] * len(sizes)).result
