@@ -248,6 +248,19 @@ def test_zero_size_inputs_are_a_clear_error_in_strict_mode_and_run_eagerly_other
     assert c(z, z).shape == (0, 4)
 
 
+def test_a_cat_drops_its_empty_operands() -> None:
+    """torch.cat's operands that add nothing (empty along its dim, or torch's legacy 1-D [0], as
+    HF's DynamicCache starts each layer's keys) are dropped: the rest runs natively, and the empty
+    input is no argument of the native code (TOSA has no zero-size tensors)."""
+    def grow(cache: torch.Tensor, legacy: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.cat([cache, x], dim=-2) * 2, torch.cat([legacy, x], dim=-2) + 1
+
+    args = (torch.randn(1, 2, 0, 8), torch.tensor([]), torch.randn(1, 2, 3, 8))
+    compiled = torchtosa.compile(grow, *args, **STRICT)
+    for got, want in zip(compiled(*args), grow(*args), strict=True):
+        torch.testing.assert_close(got, want)
+
+
 def test_data_dependent_shapes() -> None:
     x, mask = torch.randn(5, 4), torch.randn(5, 4) > 0
 

@@ -59,8 +59,9 @@ def test_greedy_generate_matches_eager(make, cache: str) -> None:
     if cache == "dynamic":  # the prefill (an empty cache: size 0 is specialised), then every step
         compiles = Counter(frame for frame, _ in set(graphs))  # compiles of each frame (graph breaks make frames)
         assert max(compiles.values()) <= 2, f"compiles per frame: {dict(compiles)}"
-    # most of every graph ran natively: the warnings count what fell back
+    # most of every graph ran natively: the warnings count what fell back; with the dynamic cache
+    # all of it (the prefill's cat of the empty cache and the new keys drops the empty tensor)
     for w in caught:
         if m := re.search(r"(\d+) of (\d+) ops run eagerly", str(w.message)):
-            assert int(m[1]) * 4 < int(m[2]), str(w.message)
+            assert cache == "static" and int(m[1]) * 4 < int(m[2]), str(w.message)
     torch._dynamo.reset()

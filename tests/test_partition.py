@@ -93,9 +93,9 @@ def test_parts_pass_few_values_and_share_one_arena(name: str) -> None:
     assert _functions(module)[-1] == "forward"
     calls = [op for op in module.body.operations[-1].regions[0].blocks[0].operations if op.name == "func.call"]
     callees = [ir.FlatSymbolRefAttr(call.attributes["callee"]).value for call in calls]
-    # the blocks are identical (the constants CSE left in the first are cloned into each): one
-    # function, called once per block (but the first where it shares a part with the mask before it)
-    assert max(callees.count(c) for c in callees) == (3 if name == "masked_mlp" else 4), callees
+    # the blocks are identical (the constants CSE left in the first are cloned into each, the mask
+    # they all read moved before them): one function, called once per block
+    assert max(callees.count(c) for c in callees) == 4, callees
     assert sum(len(call.results) for call in calls) <= 12
     signatures = [str(ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value))
                   for op in module.body.operations if op.operation.name == "func.func"]
@@ -136,6 +136,44 @@ def test_short_functions_of_repeated_convolution_layers_compile_each_layer_once(
     api.CACHE.clear()
     with torch.no_grad():
         torch.testing.assert_close(torchtosa.compile(model, x)(x), model(x), rtol=1e-5, atol=1e-5)
+    api.CACHE.clear()
+
+
+class _SharedTable(nn.Module):
+    """Layers that each compute the same table from a position input, as a Llama's layers each
+    apply the rotary tables: CSE leaves the one copy in the first layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(24, 24) for _ in range(4))
+
+    def forward(self, x: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            h = layer(x)
+            table = torch.cos(position * 0.5).reshape(1, -1)  # in the middle of the layer, as a Llama's
+            x = x + torch.tanh(h * table)
+        return x
+
+
+@pytest.mark.parametrize("shared_first", [True, False])
+def test_values_every_layer_shares_move_before_the_layers(shared_first: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table all four layers read is computed once, in the first layer's stretch of ops; moved
+    to the front (`_shared_first`), the four layers are alike and one function is called four
+    times. Left where it is, the first layer differs and only the other three are merged."""
+    if not shared_first:
+        monkeypatch.setattr(partition, "_shared_first", lambda function, body, shortest: body)
+    model, args = _SharedTable().eval(), (torch.randn(3, 24), torch.randn(24))
+    program = torchtosa.to_tosa(model, *args, target=None)
+    module = _prepare(program.module, "forward", tuple(program.inputs), tuple(program.outputs))
+    partition.partition(module)
+    module.operation.verify()
+    calls = [ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+             for op in module.body.operations[-1].regions[0].blocks[0].operations if op.name == "func.call"]
+    assert max(calls.count(c) for c in calls) == (4 if shared_first else 3), calls
+    api.CACHE.clear()
+    with torch.no_grad():
+        torch.testing.assert_close(torchtosa.compile(model, *args, fallback="error")(*args), model(*args),
+                                   rtol=1e-5, atol=1e-5)
     api.CACHE.clear()
 
 
@@ -181,6 +219,55 @@ def test_layers_growing_a_dynamic_cache_are_cut_and_merged(monkeypatch: pytest.M
     assert len(seen) == 2, seen  # the first length, then the symbolic one
     callees = seen[-1]
     assert max(callees.count(c) for c in callees) >= 3, callees  # the repeated layer: one function
+
+
+class _SequenceLayers(nn.Module):
+    """Residual layers over a sequence, whose length becomes symbolic: every value between two
+    layers is of a dynamic shape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.LayerNorm(24), nn.Linear(24, 24)) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = x + torch.tanh(layer(x))
+        return x.softmax(-1)
+
+
+def test_layers_of_a_symbolic_length_compute_into_their_callers_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A part can't return a buffer of a size its caller doesn't know: each part writes a result
+    of a dynamic shape into an empty tensor the caller passes, sized by `tensor.dim`s of a shadow
+    copy of the part's ops that folds into index arithmetic on the part's operands (so the caller
+    computes no layer twice). The layers are cut, merged into one function called per layer, and
+    agree with eager at every length."""
+    seen: list[tuple[list[str], list[str]]] = []
+    lower = pipeline.lower
+
+    def spy(module: ir.Module, *args: object, **kwargs: object) -> object:
+        copy = ir.Module.parse(str(module), context=module.context)
+        lower(copy, "default", stop_before="unit-dims")  # partitioned, shadows folded
+        forward = next(f for f in copy.body.operations if ir.StringAttr(f.attributes["sym_name"]).value == "forward")
+        ops = list(forward.regions[0].blocks[0].operations)
+        seen.append(([ir.FlatSymbolRefAttr(op.attributes["callee"]).value for op in ops if op.name == "func.call"],
+                     [op.name for op in ops if op.name.startswith("linalg.")]))
+        return lower(module, *args, **kwargs)
+
+    monkeypatch.setattr(partition, "PART_OPS", 8)
+    monkeypatch.setattr("torchtosa.execute.native.lower", spy)
+    api.CACHE.clear()
+    torch.manual_seed(0)
+    model = _SequenceLayers().eval()
+    compiled = torchtosa.compile(model, fallback="error")
+    with torch.no_grad():
+        for length in (5, 7, 11):  # the second length compiles the symbolic one
+            x = torch.randn(1, length, 24)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    api.CACHE.clear()
+    assert len(seen) == 2, seen
+    callees, computed = seen[-1]
+    assert max(callees.count(c) for c in callees) == 4, callees  # the layer: one function
+    assert not computed, computed  # the shadows are gone
 
 
 def test_a_dynamic_result_after_the_last_cut_stays_in_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -498,14 +498,35 @@ def _check_graph(gm: fx.GraphModule, *, static: bool) -> None:
 
 
 def _simplify(graph: fx.Graph) -> None:
-    """Drop data-free assertion nodes and fold identity ops."""
+    """Drop data-free assertion nodes, fold identity ops and drop the empty operands of cats."""
     for node in reversed(graph.nodes):
         if node.target in _DATALESS and not node.users:
             graph.erase_node(node)
         elif node.target in _IDENTITY:
             node.replace_all_uses_with(node.args[0])
             graph.erase_node(node)
+        elif node.target is torch.ops.aten.cat.default:
+            _drop_empty_operands(node)
     graph.lint()
+
+
+def _drop_empty_operands(cat: fx.Node) -> None:
+    """Drop the operands of `cat` that add nothing (empty along its dim, or torch's legacy 1-D [0])
+    where the others have the result's dtype: HF's DynamicCache starts each layer's keys and
+    values as an empty tensor, and TOSA has no zero-size tensors to pass it as."""
+    tensors, dim = cat.args[0], cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
+    result = cat.meta.get("val")
+    vals = [t.meta.get("val") if isinstance(t, fx.Node) else None for t in tensors]
+    if not isinstance(result, torch.Tensor) or not all(isinstance(v, torch.Tensor) for v in vals):
+        return
+    d = dim % result.dim() if result.dim() else 0
+
+    def empty(v: torch.Tensor) -> bool:
+        return v.shape == (0,) or (v.dim() == result.dim() and v.shape[d] == 0)
+
+    kept = [t for t, v in zip(tensors, vals, strict=True) if not empty(v)]
+    if kept and len(kept) < len(tensors) and all(t.meta["val"].dtype == result.dtype for t in kept):
+        cat.args = (kept, *cat.args[1:])
 
 
 def _tensor_outputs_only(gm: fx.GraphModule, out_spec: pytree.TreeSpec) -> pytree.TreeSpec:

@@ -147,6 +147,12 @@ def _nonempty(val: Any, node: torch.fx.Node) -> None:
                               "TOSA has no zero-size tensors")
 
 
+def _unused_empty(node: torch.fx.Node) -> bool:
+    """A placeholder of a zero-size tensor that nothing reads: TOSA has no type for it."""
+    val = node.meta.get("val")
+    return not node.users and isinstance(val, torch.Tensor) and any(symbolic.static(d) == 0 for d in val.shape)
+
+
 def _is_size(val: Any) -> bool:
     """A symbolic or Python scalar value in the graph (a size), not a tensor."""
     return isinstance(val, (*_SYMBOLIC, int, float, bool))
@@ -218,7 +224,8 @@ class Importer:
 
     def run(self) -> Program:
         nodes = list(self.gm.graph.find_nodes(op="placeholder"))
-        arguments = [i for i, n in enumerate(nodes) if not _is_size(n.meta.get("val"))]
+        # sizes, and unused empty tensors (a cat's dropped operand), are not the function's arguments
+        arguments = [i for i, n in enumerate(nodes) if not _is_size(n.meta.get("val")) and not _unused_empty(n)]
         placeholders = [nodes[i] for i in arguments]
         inputs = [_spec(n.meta.get("val"), n) for n in placeholders]
         self.env.update((n, n.meta["val"]) for n in nodes if n not in placeholders)

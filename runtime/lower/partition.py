@@ -9,11 +9,13 @@ stream), and makes each part a private function `@<name>__part<i>` that the func
 Constants are cloned into every part that uses them, so they stay visible to folding and
 shape verification. Values crossing a cut become arguments and results; a boolean one (a
 transformer's attention mask, used by every layer) crosses as i8, cast on either side: an i1
-buffer is one the LLVM lowering cannot store. A result can't be of a dynamic shape (the caller
-allocates results); where one is a concatenation of the function's arguments and values of
-static shapes (a layer's KV cache grown by one token, `torch.cat` in HF's DynamicCache), the
-caller concatenates them again from those values (`_sinkable`), so a decoding step with the
-dynamic cache is still cut between its layers.
+buffer is one the LLVM lowering cannot store. The caller allocates a part's results, so one of
+a dynamic shape is computed into an empty tensor the caller passes (`_destinations`: sized by
+dims that fold into index arithmetic on the part's operands), and a prefill over a symbolic
+number of tokens is cut between its layers too; where such a result is a concatenation of the
+function's arguments and values of static shapes (a layer's KV cache grown by one token,
+`torch.cat` in HF's DynamicCache), the caller concatenates them again from those values
+(`_sinkable`) instead.
 
 A model of identical layers (a transformer's blocks, with their weights as arguments) repeats
 one run of ops. `_repeat` finds the period and the stretch it covers; the function is cut at
@@ -23,7 +25,9 @@ layer once: compile time stops growing with depth. Ops before and after the repe
 by size as before. A function shorter than that is cut into its layers too where it repeats a
 layer of LAYER_OPS or more ops with a convolution or a matmul (`_heavy_layers`). Constants, and
 reshapes or casts of constants (which CSE leaves in the first layer only), are cloned into every
-part that uses them, so the first layer's part is identical to the others.
+part that uses them, so the first layer's part is identical to the others; values every layer
+reads that CSE left in the first (a Llama's rotary tables, an attention mask) move before the
+layers (`_shared_first`).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import itertools
 
 import numpy as np
 from mlir import ir
-from mlir.dialects import func, tosa
+from mlir.dialects import arith, bufferization, func, tensor, tosa
 
 from .irutil import find_ops, is_sub_byte, top_level
 
@@ -67,13 +71,75 @@ def partition(module: ir.Module, part_ops: int | None = None) -> None:
     size = part_ops or PART_OPS
     for op in list(module.body.operations):
         if op.operation.name == "func.func" and len(op.regions[0].blocks) == 1:
-            body = list(op.regions[0].blocks[0].operations)[:-1]  # without the return
-            if len(body) > size * 3 // 2:
+            body = [o.operation for o in list(op.regions[0].blocks[0].operations)[:-1]]  # without the return
+            long = len(body) > size * 3 // 2
+            shortest = size // 4 if long else LAYER_OPS
+            order = _shared_first(op.operation, body, shortest)
+            if long or _heavy_layers(order):
+                _reorder(op.operation, body, order)
                 with module.context, ir.Location.unknown():
-                    _split(op.operation, body, size, size // 4)
-            elif _heavy_layers(body):
-                with module.context, ir.Location.unknown():
-                    _split(op.operation, body, size, LAYER_OPS)
+                    _split(op.operation, order, size, shortest)
+
+
+def _shared_first(function: ir.Operation, body: list[ir.Operation], shortest: int) -> list[ir.Operation]:
+    """`body` in an order where the values its layers share come first.
+
+    CSE leaves a value every layer computes alike (a transformer's rotary tables, its attention
+    mask) in the first layer, so that layer is longer than the others and no cut repeats. An op
+    that reads only the function's arguments and constants (or such ops' results) and whose
+    users lie a layer apart or more (the most frequent period of the ops, `_likely_period`) moves
+    to the front, with the ops it reads, constants first; the rest keep their order."""
+    core = [op for op in body if not _constant(op)]
+    period = _likely_period(core, shortest)
+    if period is None:
+        return body
+    position = {op: i for i, op in enumerate(core)}
+    invariant: set[ir.Operation] = set()
+    for op in core:
+        if all(_defining_op(v) == function or _constant(_defining_op(v)) or _defining_op(v) in invariant
+               for v in _free_operands(op)):
+            invariant.add(op)
+    shared: set[ir.Operation] = set()
+
+    def take(op: ir.Operation) -> None:
+        if op not in shared:
+            shared.add(op)
+            for value in _free_operands(op):
+                if _defining_op(value) in invariant:
+                    take(_defining_op(value))
+
+    for op in invariant:
+        users = [position[user] for r in op.results for use in r.uses
+                 if (user := top_level(use.owner, function)) in position]
+        if users and max(users) - min(users) >= period:
+            take(op)
+    if not shared:
+        return body
+    return [*(op for op in body if _constant(op)), *(op for op in core if op in shared),
+            *(op for op in core if op not in shared)]
+
+
+def _likely_period(core: list[ir.Operation], shortest: int) -> int | None:
+    """The distance of at least `shortest` ops at which the most ops are alike (`_signature`),
+    or None if fewer than `shortest` are at any distance."""
+    keys: dict[str, int] = {}
+    ids = np.array([keys.setdefault(_signature(op), len(keys)) for op in core])
+    best, period = 0, None
+    for distance in range(max(shortest, 1), len(core) // 2 + 1):
+        alike = int(np.count_nonzero(ids[:-distance] == ids[distance:]))
+        if alike > best:
+            best, period = alike, distance
+    return period if best >= shortest else None
+
+
+def _reorder(function: ir.Operation, body: list[ir.Operation], order: list[ir.Operation]) -> None:
+    """Put the ops of `body` (`function`'s, without its return) in `order`."""
+    if order == body:
+        return
+    operations = function.regions[0].blocks[0].operations
+    end = operations[len(operations) - 1]  # the return
+    for op in order:
+        op.move_before(end)
 
 
 def _heavy_layers(body: list[ir.Operation]) -> bool:
@@ -222,21 +288,24 @@ def _outline(function: ir.Operation, ops: list[ir.Operation], name: str) -> func
                if any(top_level(use.owner, function) not in inside for use in r.uses)]
     if any(_blocked(v, function) for v in outputs):
         return None  # a function's result computed after its last cut: the ops stay in the caller
-    sunk = [v for v in outputs if _dynamic(v)]  # `_sinkable`: the caller computes them again
+    sunk = [v for v in outputs if _dynamic(v) and _sinkable(v.owner, function)]  # the caller computes them again
+    destined = [v for v in outputs if _dynamic(v) and v not in sunk]  # computed into the caller's buffer
     outputs = [v for v in outputs if not _dynamic(v)]
     for value in sunk:
         outputs += [v for v in value.owner.operands
                     if isinstance(v, ir.OpResult) and v.owner.operation in inside and v not in outputs]
-    if not outputs and not sunk:
+    if not outputs and not sunk and not destined:
         return None  # nothing of it is used (folding removes it later)
-    callee = func.FuncOp(name, ([_carried(v.type) for v in inputs], [_carried(v.type) for v in outputs]),
+    results = [*outputs, *destined]
+    callee = func.FuncOp(name, ([_carried(v.type) for v in [*inputs, *destined]], [_carried(v.type) for v in results]),
                          visibility="private", ip=ir.InsertionPoint(function))
     entry = callee.add_entry_block()
     with ir.InsertionPoint(ops[0]):
-        call = func.CallOp([_carried(v.type) for v in outputs], ir.FlatSymbolRefAttr.get(name),
-                           [_cast(v, _carried(v.type)) for v in inputs])
+        destinations = _destinations(destined, ops)
+        call = func.CallOp([_carried(v.type) for v in results], ir.FlatSymbolRefAttr.get(name),
+                           [*(_cast(v, _carried(v.type)) for v in inputs), *destinations])
     returned: dict[ir.Value, ir.Value] = {}
-    for value, result in zip(outputs, call.results, strict=True):
+    for value, result in zip(results, call.results, strict=True):
         returned[value] = result = _cast(result, value.type)
         for use in list(value.uses):
             if top_level(use.owner, function) not in inside:
@@ -250,11 +319,13 @@ def _outline(function: ir.Operation, ops: list[ir.Operation], name: str) -> func
                 use.owner.operands[use.operand_number] = again.results[0]
     with ir.InsertionPoint(entry):
         clones = {c: c.clone() for c in constants}
-        arguments = [_cast(a, v.type) for a, v in zip(entry.arguments, inputs, strict=True)]
+        arguments = [_cast(a, v.type) for a, v in zip(list(entry.arguments)[:len(inputs)], inputs, strict=True)]
         for op in ops:
             op.detach_from_parent()
             ir.InsertionPoint(entry).insert(op)
-        func.ReturnOp([_cast(v, _carried(v.type)) for v in outputs])
+        written = [bufferization.MaterializeInDestinationOp(_carried(v.type), _cast(v, _carried(v.type)), dest).result
+                   for v, dest in zip(destined, list(entry.arguments)[len(inputs):], strict=True)]
+        func.ReturnOp([*(_cast(v, _carried(v.type)) for v in outputs), *written])
     replacements = [*zip(inputs, arguments, strict=True),
                     *((const.results[0], clone.results[0]) for const, clone in clones.items())]
     for old, new in replacements:
@@ -267,14 +338,62 @@ def _outline(function: ir.Operation, ops: list[ir.Operation], name: str) -> func
     return callee
 
 
+def _destinations(values: list[ir.Value], ops: list[ir.Operation]) -> list[ir.Value]:
+    """An empty tensor for each of `values` (results of `ops`, of dynamic shapes) to be computed
+    into, created before `ops`: a part can't return a buffer of a size its caller doesn't know.
+
+    Its sizes are `tensor.dim`s of a shadow: a copy, before `ops`, of the ops computing the value.
+    Lowered to linalg, a dim of an op's result folds into the sizes of its destination, computed
+    from its operands' dims (`tensor.dim` of a destination-style op, of `tensor.empty`, of a
+    reshape), so the shadow's dims become index arithmetic on the part's operands and the shadow,
+    unused, is erased."""
+    if not values:
+        return []
+    inside = set(ops)
+    needed: set[ir.Operation] = set()
+    pending = [v.owner.operation for v in values]
+    while pending:
+        op = pending.pop()
+        if op in inside and op not in needed:
+            needed.add(op)
+            pending += [_defining_op(v) for v in _free_operands(op) if isinstance(v, ir.OpResult)]
+    constants: dict[ir.Operation, None] = {}
+    for op in needed:
+        for value in _free_operands(op):
+            if isinstance(value, ir.OpResult) and _constant(value.owner.operation):
+                _with_operands(value.owner.operation, constants)
+    shadow: dict[ir.Value, ir.Value] = {}
+    for op in [*constants, *(op for op in ops if op in needed)]:  # constants may be defined after ops[0]
+        copy = op.clone()
+        _remap(copy, shadow)
+        shadow.update(zip(op.results, copy.results, strict=True))
+    destinations = []
+    for value in values:
+        t = ir.RankedTensorType(value.type)
+        sizes = [tensor.DimOp(shadow[value], arith.ConstantOp(ir.IndexType.get(), i).result).result
+                 if t.is_dynamic_dim(i) else size for i, size in enumerate(t.shape)]
+        destinations.append(tensor.EmptyOp(sizes, ir.RankedTensorType(_carried(t)).element_type).result)
+    return destinations
+
+
+def _remap(op: ir.Operation, values: dict[ir.Value, ir.Value]) -> None:
+    """Replace the operands of `op` and of the ops nested in it found in `values`."""
+    def visit(inner: ir.Operation) -> ir.WalkResult:
+        for i, operand in enumerate(inner.operands):
+            if operand in values:
+                inner.operands[i] = values[operand]
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit, ir.WalkOrder.PRE_ORDER)
+
+
 def _blocked(value: ir.Value, function: ir.Operation) -> bool:
-    """Whether `value` can't be a part's result: of a dynamic shape but not `_sinkable`, or of
-    sub-byte integers other than booleans (which cross as i8)."""
+    """Whether `value` can't be a part's result: of sub-byte integers other than booleans (which
+    cross as i8). One of a dynamic shape is computed into a buffer of the caller's
+    (`_destinations`), or concatenated again by the caller (`_sinkable`)."""
     t = value.type
     element = ir.ShapedType(t).element_type if isinstance(t, ir.ShapedType) else t
-    if is_sub_byte(element) and not _is_bool(element):
-        return True
-    return _dynamic(value) and not _sinkable(value.owner, function)
+    return is_sub_byte(element) and not _is_bool(element)
 
 
 def _dynamic(value: ir.Value) -> bool:

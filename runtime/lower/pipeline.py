@@ -85,12 +85,14 @@ PIPELINES: dict[str, str] = {
     "unit-dims": "builtin.module(func.func(linalg-fold-unit-extent-dims),canonicalize,cse)",
     "schedule": "",
     # Tensors -> memrefs. Results become caller-allocated out-params, hence
-    # modify-public-functions (without it the pass silently does nothing).
+    # modify-public-functions (without it the pass silently does nothing); a part's result of a
+    # dynamic shape, computed into a buffer its caller passes (`partition._destinations`), is dropped.
     # Loops (tosa.while_loop) may yield new buffers. Buffers of a loop-invariant size allocated
     # in a loop (a packed matmul panel) are allocated once, before it.
     "bufferize": "builtin.module("
     "one-shot-bufferize{bufferize-function-boundaries allow-return-allocs-from-loops "
     "function-boundary-type-conversion=identity-layout-map},"
+    "drop-equivalent-buffer-results,"
     "buffer-results-to-out-params{hoist-static-allocs=true "
     "modify-public-functions=true},"
     "func.func(buffer-loop-hoisting),buffer-deallocation-pipeline)",
