@@ -93,7 +93,9 @@ def test_convolution_gradients_through_the_decomposition_table(stride: int, padd
 
 @pytest.mark.parametrize(("kernel", "stride", "padding", "dilation", "ceil_mode"),
                          [(2, 2, 0, 1, False), (3, 2, 1, 1, False), (3, 1, 1, 1, False), (2, 1, 0, 2, False),
-                          (3, 2, 0, 1, True), ((2, 3), (1, 2), (1, 0), 1, False)])
+                          (3, 2, 0, 1, True), ((2, 3), (1, 2), (1, 0), 1, False),
+                          # tiling windows (one select), rows and columns left over; ceil_mode's partial windows
+                          (3, 3, 0, 1, False), ((2, 3), (2, 3), 0, 1, False), (2, 2, 0, 1, True)])
 def test_max_pool_gradients_through_the_decomposition_table(kernel: Any, stride: Any, padding: Any, dilation: int,
                                                             ceil_mode: bool) -> None:
     def pool(x: torch.Tensor) -> torch.Tensor:
@@ -103,6 +105,22 @@ def test_max_pool_gradients_through_the_decomposition_table(kernel: Any, stride:
     _gradients(pool, (3, 7, 6))  # no batch dim
     # ties (values rounded, gradient straight through): overlapping windows share a max
     _gradients(lambda x: pool(x + (x.detach().round() - x.detach())), (2, 3, 9, 8))
+
+
+@pytest.mark.parametrize(("kernel", "shape"), [(2, (4, 8, 12, 10)), (3, (2, 3, 11, 9)), ((2, 3), (3, 7, 6))])
+def test_max_pool_gradient_of_tiling_windows_runs_natively(kernel: Any, shape: tuple[int, ...]) -> None:
+    """The gradient of a pooling whose windows tile the input (one select over the windows' grid,
+    rows and columns no window covers padded with zeros) compiles to native code alone and
+    equals eager's, ties included (every tie goes to the index eager chose)."""
+    x = torch.randn(shape).round()  # ties in most windows
+    out, indices = torch.ops.aten.max_pool2d_with_indices(x, kernel, kernel)
+    grad = torch.randn_like(out)
+
+    def backward(g: torch.Tensor, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.max_pool2d_with_indices_backward(g, x, kernel, kernel, [0, 0], [1, 1], False, i)
+
+    compiled = torchtosa.compile(backward, grad, x, indices, fallback="error")
+    torch.testing.assert_close(compiled(grad, x, indices), backward(grad, x, indices), rtol=0, atol=0)
 
 
 def _without_dropout(model: nn.Module) -> nn.Module:

@@ -16,7 +16,8 @@ computes with the wrong values while the forward looks right. `DECOMPOSITIONS` i
   and channels swapped), the bias gradient a sum. `max_pool2d_with_indices_backward` (core
   ATen's decomposition scatters, with a one-hot mask of every input position by every output
   position where torchtosa lowers scatter_add): a masked gradient per kernel tap, spread to the
-  input's grid. Both into ops with entries of their own.
+  input's grid, or, where the windows tile the input (stride = kernel, as 2x2 pooling), one
+  select over the windows' grid. Both into ops with entries of their own.
 - `_transformer_encoder_layer_fwd` (nn.TransformerEncoderLayer's fused inference kernel, which
   Dynamo puts in a graph under no_grad) in composite ops.
 - `roll` as slices and a cat (core ATen gathers with computed integer indices, which a float
@@ -187,6 +188,8 @@ def _max_pool2d_backward(grad_output: Tensor, input: Tensor, kernel_size: list[i
     height, width = input.shape[-2:]
     rows, cols = grad_output.shape[-2:]
     zero = torch.zeros((), dtype=grad_output.dtype, device=grad_output.device)
+    if steps == kernel and pads == [0, 0] and dils == [1, 1] and rows * steps[0] <= height and cols * steps[1] <= width:
+        return _unpool(grad_output, indices, kernel, height, width)
     grad = None
     for i in range(kernel[0]):
         for j in range(kernel[1]):
@@ -197,6 +200,25 @@ def _max_pool2d_backward(grad_output: Tensor, input: Tensor, kernel_size: list[i
             part = _spread(picked, steps, [top, left], [height, width])
             grad = part if grad is None else grad + part
     return grad
+
+
+def _unpool(grad_output: Tensor, indices: Tensor, kernel: list[int], height: int, width: int) -> Tensor:
+    """`_max_pool2d_backward` of windows that tile the input (stride = kernel, no padding or
+    dilation): an input position lies in one window at most and gets that window's gradient where
+    the window's index names it. One select over the grid of windows [..., rows, kh, cols, kw]
+    (each window's index and gradient broadcast over its taps), then zeros for the rows and
+    columns no window covers."""
+    rows, cols = grad_output.shape[-2:]
+    lead = list(grad_output.shape[:-2])
+    row = torch.arange(rows * kernel[0], device=indices.device).reshape(rows, kernel[0], 1, 1)
+    col = torch.arange(cols * kernel[1], device=indices.device).reshape(1, 1, cols, kernel[1])
+    window = [*lead, rows, 1, cols, 1]
+    zero = torch.zeros((), dtype=grad_output.dtype, device=grad_output.device)
+    picked = torch.where(indices.reshape(window) == row * width + col, grad_output.reshape(window), zero)
+    grad = picked.reshape(*lead, rows * kernel[0], cols * kernel[1])
+    if (rows * kernel[0], cols * kernel[1]) == (height, width):
+        return grad
+    return aten.constant_pad_nd.default(grad, [0, width - cols * kernel[1], 0, height - rows * kernel[0]])
 
 
 def _encoder_layer_fwd(
