@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from mlir import ir
 from torch import nn
 
@@ -222,8 +223,9 @@ def test_layers_growing_a_dynamic_cache_are_cut_and_merged(monkeypatch: pytest.M
 
 
 class _SequenceLayers(nn.Module):
-    """Residual layers over a sequence, whose length becomes symbolic: every value between two
-    layers is of a dynamic shape."""
+    """Residual attention layers over a sequence, whose length becomes symbolic: every value
+    between two layers is of a dynamic shape, and the attention's reshapes and matmuls have
+    dynamic dims for the shadows' dims to fold through."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -231,7 +233,11 @@ class _SequenceLayers(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
-            x = x + torch.tanh(layer(x))
+            h = layer(x)
+            b, s, _ = h.shape
+            q = h.view(b, s, 2, 12).transpose(1, 2)
+            a = F.scaled_dot_product_attention(q, q, q).transpose(1, 2).reshape(b, s, 24)
+            x = x + torch.tanh(a)
         return x.softmax(-1)
 
 

@@ -346,7 +346,8 @@ def _destinations(values: list[ir.Value], ops: list[ir.Operation]) -> list[ir.Va
     Lowered to linalg, a dim of an op's result folds into the sizes of its destination, computed
     from its operands' dims (`tensor.dim` of a destination-style op, of `tensor.empty`, of a
     reshape), so the shadow's dims become index arithmetic on the part's operands and the shadow,
-    unused, is erased."""
+    unused, is erased. (A dim that did not fold would keep its shadow: right, but computed twice;
+    test_partition checks that none is left of layers like a transformer's.)"""
     if not values:
         return []
     inside = set(ops)
