@@ -524,9 +524,9 @@ def _drop_empty_operands(cat: fx.Node) -> None:
     def empty(v: torch.Tensor) -> bool:
         return v.shape == (0,) or (v.dim() == result.dim() and v.shape[d] == 0)
 
-    kept = [t for t, v in zip(tensors, vals, strict=True) if not empty(v)]
-    if kept and len(kept) < len(tensors) and all(t.meta["val"].dtype == result.dtype for t in kept):
-        cat.args = (kept, *cat.args[1:])
+    kept = [(t, v) for t, v in zip(tensors, vals, strict=True) if not empty(v)]
+    if kept and len(kept) < len(tensors) and all(v.dtype == result.dtype for _, v in kept):
+        cat.args = ([t for t, _ in kept], *cat.args[1:])
 
 
 def _tensor_outputs_only(gm: fx.GraphModule, out_spec: pytree.TreeSpec) -> pytree.TreeSpec:

@@ -142,15 +142,19 @@ def _spec(val: Any, node: torch.fx.Node) -> TensorSpec:
 def _nonempty(val: Any, node: torch.fx.Node) -> None:
     """TOSA tensors have at least one element: zero-size values are Unsupported."""
     for v in val if isinstance(val, (list, tuple)) else [val]:
-        if isinstance(v, torch.Tensor) and any(symbolic.static(d) == 0 for d in v.shape):
+        if _zero_size(v):
             raise Unsupported(f"{node.name} is an empty tensor of shape {list(v.shape)} ({where(node)}); "
                               "TOSA has no zero-size tensors")
 
 
+def _zero_size(val: Any) -> bool:
+    """Whether `val` is a tensor with a dim statically 0."""
+    return isinstance(val, torch.Tensor) and any(symbolic.static(d) == 0 for d in val.shape)
+
+
 def _unused_empty(node: torch.fx.Node) -> bool:
     """A placeholder of a zero-size tensor that nothing reads: TOSA has no type for it."""
-    val = node.meta.get("val")
-    return not node.users and isinstance(val, torch.Tensor) and any(symbolic.static(d) == 0 for d in val.shape)
+    return not node.users and _zero_size(node.meta.get("val"))
 
 
 def _is_size(val: Any) -> bool:

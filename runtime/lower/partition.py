@@ -96,23 +96,15 @@ def _shared_first(function: ir.Operation, body: list[ir.Operation], shortest: in
     position = {op: i for i, op in enumerate(core)}
     invariant: set[ir.Operation] = set()
     for op in core:
-        if all(_defining_op(v) == function or _constant(_defining_op(v)) or _defining_op(v) in invariant
-               for v in _free_operands(op)):
+        if all((d := _defining_op(v)) == function or _constant(d) or d in invariant for v in _free_operands(op)):
             invariant.add(op)
-    shared: set[ir.Operation] = set()
 
-    def take(op: ir.Operation) -> None:
-        if op not in shared:
-            shared.add(op)
-            for value in _free_operands(op):
-                if _defining_op(value) in invariant:
-                    take(_defining_op(value))
-
-    for op in invariant:
+    def spread(op: ir.Operation) -> bool:
         users = [position[user] for r in op.results for use in r.uses
                  if (user := top_level(use.owner, function)) in position]
-        if users and max(users) - min(users) >= period:
-            take(op)
+        return bool(users) and max(users) - min(users) >= period
+
+    shared = _slice([op for op in invariant if spread(op)], invariant)
     if not shared:
         return body
     return [*(op for op in body if _constant(op)), *(op for op in core if op in shared),
@@ -122,8 +114,7 @@ def _shared_first(function: ir.Operation, body: list[ir.Operation], shortest: in
 def _likely_period(core: list[ir.Operation], shortest: int) -> int | None:
     """The distance of at least `shortest` ops at which the most ops are alike (`_signature`),
     or None if fewer than `shortest` are at any distance."""
-    keys: dict[str, int] = {}
-    ids = np.array([keys.setdefault(_signature(op), len(keys)) for op in core])
+    ids = _signature_ids(core)
     best, period = 0, None
     for distance in range(max(shortest, 1), len(core) // 2 + 1):
         alike = int(np.count_nonzero(ids[:-distance] == ids[distance:]))
@@ -196,8 +187,7 @@ def _repeat(body: list[ir.Operation], shortest: int) -> tuple[int, int, int] | N
     """(start, period, span) of the repetition covering the most ops: the op at start + i has
     the same name, attributes and result types as the one at start + i + period for every
     i < span; None if no period of at least `shortest` ops repeats at least twice."""
-    keys: dict[str, int] = {}
-    ids = np.array([keys.setdefault(_signature(op), len(keys)) for op in body])
+    ids = _signature_ids(body)
     best: tuple[int, int, int] | None = None
     for period in range(max(shortest, 1), len(body) // 2 + 1):
         same = np.concatenate([[False], ids[:-period] == ids[period:], [False]])
@@ -211,6 +201,12 @@ def _repeat(body: list[ir.Operation], shortest: int) -> tuple[int, int, int] | N
         if span >= period and (best is None or covered > (best[2] + best[1]) // best[1] * best[1]):
             best = (int(edges[2 * i]), period, span)
     return best
+
+
+def _signature_ids(ops: list[ir.Operation]) -> np.ndarray:
+    """A number per op, equal for ops of equal `_signature`."""
+    keys: dict[str, int] = {}
+    return np.array([keys.setdefault(_signature(op), len(keys)) for op in ops])
 
 
 def _signature(op: ir.Operation) -> str:
@@ -350,14 +346,7 @@ def _destinations(values: list[ir.Value], ops: list[ir.Operation]) -> list[ir.Va
     test_partition checks that none is left of layers like a transformer's.)"""
     if not values:
         return []
-    inside = set(ops)
-    needed: set[ir.Operation] = set()
-    pending = [v.owner.operation for v in values]
-    while pending:
-        op = pending.pop()
-        if op in inside and op not in needed:
-            needed.add(op)
-            pending += [_defining_op(v) for v in _free_operands(op) if isinstance(v, ir.OpResult)]
+    needed = _slice([v.owner.operation for v in values], set(ops))
     constants: dict[ir.Operation, None] = {}
     for op in needed:
         for value in _free_operands(op):
@@ -375,6 +364,19 @@ def _destinations(values: list[ir.Value], ops: list[ir.Operation]) -> list[ir.Va
                  if t.is_dynamic_dim(i) else size for i, size in enumerate(t.shape)]
         destinations.append(tensor.EmptyOp(sizes, ir.RankedTensorType(_carried(t)).element_type).result)
     return destinations
+
+
+def _slice(roots: list[ir.Operation], within: set[ir.Operation]) -> set[ir.Operation]:
+    """The ops of `within` that `roots` (ops of `within`) are computed from, `roots` included
+    (a worklist: a chain of thousands of ops is no recursion)."""
+    found: set[ir.Operation] = set()
+    pending = list(roots)
+    while pending:
+        op = pending.pop()
+        if op in within and op not in found:
+            found.add(op)
+            pending += [_defining_op(v) for v in _free_operands(op)]
+    return found
 
 
 def _remap(op: ir.Operation, values: dict[ir.Value, ir.Value]) -> None:
