@@ -88,8 +88,13 @@ PIPELINES: dict[str, str] = {
     # modify-public-functions (without it the pass silently does nothing); a part's result of a
     # dynamic shape, computed into a buffer its caller passes (`partition._destinations`), is dropped.
     # Loops (tosa.while_loop) may yield new buffers. Buffers of a loop-invariant size allocated
-    # in a loop (a packed matmul panel) are allocated once, before it.
+    # in a loop (a packed matmul panel) are allocated once, before it. First, sizes of dynamic
+    # tensors are answered from the operands they derive from and min/max of loop-bound indices
+    # inside loops are folded: one-shot analysis compares every tensor.insert_slice with the
+    # extract_slices of its destination through ValueBounds (Presburger sets), and
+    # chains of loop-carried dynamic sizes made that most of a dynamic module's compile time.
     "bufferize": "builtin.module("
+    "func.func(resolve-shaped-type-result-dims,scf-for-loop-canonicalization),"
     "one-shot-bufferize{bufferize-function-boundaries allow-return-allocs-from-loops "
     "function-boundary-type-conversion=identity-layout-map},"
     "drop-equivalent-buffer-results,"
