@@ -6,7 +6,11 @@ it and stored (`schedule._plain_body`). `widen_arithmetic(module)` rewrites ever
 linalg.generic's body: each arith or math op on half-precision values becomes the same op on
 their f32 extensions, its result truncated back, which is how LLVM computes a scalar bf16 op
 (promoted to f32, rounded once) and how PyTorch's CPU kernels compute bf16 elementwise ops.
-Reductions keep their scalar loops (`_reduction`).
+In a reduction, the ops that combine with the output (a max over bf16 values, an argmax's
+compare) keep their type (`_combines`), and such a reduction its scalar loops; the ops before
+them (a contraction's factors computed from its inputs: a bf16 attention's rotary embedding and
+scaling that fusion moved into the scores) are widened, so that a sum of products accumulating
+in f32 vectorizes as an f32 one does.
 Left as scalar loops, a bf16 Llama's elementwise ops took LLVM's loop vectorizer seconds to
 compile and ran slower than eager.
 """
@@ -24,17 +28,27 @@ _KEEP = ("arith.extf", "arith.truncf", "arith.bitcast")  # already storage, or b
 def widen_arithmetic(module: ir.Module) -> None:
     """Compute the half-precision arithmetic of `module`'s linalg.generic bodies in f32."""
     with module.context, ir.Location.unknown():
-        for op in find_ops(module, lambda op: op.name == "linalg.generic" and not _reduction(op)):
+        for op in find_ops(module, lambda op: op.name == "linalg.generic"):
+            combines = _combines(op)
             for inner in list(op.regions[0].blocks[0].operations):
-                if _widened(inner):
+                if _widened(inner) and inner not in combines:
                     _widen(inner)
 
 
-def _reduction(op: ir.Operation) -> bool:
-    """A generic with a reduction loop: its widened body became vector reductions and compares of
-    bf16 values (max, argmax), on which LLVM aborted; reductions keep their scalar loops, but for
-    contractions that only extend their factors (`schedule._half_contraction_loops`)."""
-    return "reduction" in str(op.attributes["iterator_types"])
+def _combines(op: ir.Operation) -> list[ir.Operation]:
+    """The ops of a reduction's body that read its output (the accumulator), or that read what
+    such an op computed: widened, a max or argmax over bf16 values became vector reductions and
+    compares of bf16 values, on which LLVM aborted. None in an elementwise generic."""
+    if "reduction" not in str(op.attributes["iterator_types"]):
+        return []
+    block = op.regions[0].blocks[0]
+    tainted = {block.arguments[len(block.arguments) - 1]}
+    found = []
+    for inner in block.operations:
+        if any(v in tainted for v in inner.operands):
+            found.append(inner)
+            tainted.update(inner.results)
+    return found
 
 
 def is_half(t: ir.Type) -> bool:

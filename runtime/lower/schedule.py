@@ -774,14 +774,23 @@ def plans(module: ir.Module, tiles: Tiles | None = None) -> list[tuple[ir.Operat
 
 
 def plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
-    """`_plan`, but None for an op of bf16 or f16 values whose tiles are not a power of two
-    along every loop: LLVM aborts on odd vectors of them ("Do not know how to soft promote this
-    operator's operand": a bf16 pooling's `vector<9xbf16>`)."""
+    """`_plan`, with tiles that are a power of two along every loop for an op of bf16 or f16
+    values: LLVM aborts on odd vectors of them ("Do not know how to soft promote this operator's
+    operand": a bf16 pooling's `vector<9xbf16>`). A generic's odd tile (a static KV cache of 31
+    positions) becomes the power of two below it, the remainder peeled by halves (16 + 8 + 4 +
+    2 + 1); another op with one stays loops (None)."""
     tiling = _plan(op, tiles)
     if tiling is None or not any(is_half(ir.ShapedType(v.type).element_type) for v in op.operands
                                  if isinstance(v.type, ir.ShapedType)):
         return tiling
-    return tiling if all(size & (size - 1) == 0 for size in tiling[0]) else None
+    sizes, order, partial, rows = tiling
+    odd = {d for d, size in enumerate(sizes) if size & (size - 1)}
+    if not odd:
+        return tiling
+    if op.name != "linalg.generic" or None in (_loop_sizes(op) or (None,)):
+        return None
+    sizes = tuple(1 << (size.bit_length() - 1) if d in odd else size for d, size in enumerate(sizes))
+    return sizes, order, tuple(sorted({*partial, *odd})), tuple(sorted({*rows, *odd}))
 
 
 def _plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
