@@ -70,7 +70,8 @@ def test_c_example_matches_eager(tmp_path: Path) -> None:
 
     library = tmp_path / "mlp.so"
     assert sorted(n for _, n in symbols(library, dynamic=True)) == ["mlp_run", "mlp_run_with_scratch"]
-    assert ("t", "memrefCopy") in symbols(library)  # torch.cat's strided copies run the glue's memrefCopy
+    # torch.cat's copies into slices of its result are contiguous rows (`lower.copies`): memcpy's
+    assert not any(n == "memrefCopy" for _, n in symbols(library))
     needs = toolchain.needed_libraries(library)
     assert set(needs) <= {"libc.so.6", "libm.so.6", "libmvec.so.1"}, needs
     # no mutable global state of the model's own (only the C runtime's start-up files have some)
@@ -149,6 +150,22 @@ def test_opt_levels(tmp_path: Path, opt: str) -> None:
         expected = model(x)
     (got,) = run(lib, x, scratch=True)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_strided_copies_without_the_runner_library(tmp_path: Path) -> None:
+    """opt="none" copies into slices (a cat along the last dim: each source is a strided view
+    of the result) element by element with MLIR's `memrefCopy`, which the glue defines, so the
+    library needs no MLIR runtime; the default lowering copies them by rows instead."""
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.cat([a * 2, b + 1], dim=-1)
+
+    a, b = torch.randn(3, 5, 7), torch.randn(3, 5, 2)
+    for opt, defined in (("none", True), ("default", False)):
+        lib = torchtosa.export_library(fn, a, b, path=tmp_path / f"cat_{opt}.so", opt=opt)
+        assert (("t", "memrefCopy") in symbols(lib.path)) is defined
+        assert not any("MLIR" in n for n in toolchain.needed_libraries(lib.path))
+        (got,) = run(lib, a, b, scratch=True)
+        torch.testing.assert_close(got, fn(a, b))
 
 
 def test_partitioned_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -37,6 +37,7 @@ from ..errors import CompileError
 from ..internal import blame
 from . import vnni
 from .convolutions import rewrite_convolutions
+from .copies import row_copies
 from .float_int8 import fast_int8_contractions
 from .irutil import find_ops, is_sub_byte, run_passes, top_level
 from .partition import partition
@@ -200,6 +201,7 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
             if stage == "llvm":
                 _reject_sub_byte_buffers(module)
                 if opt != "none":
+                    row_copies(module)
                     vnni.lower_calls(module)
                     _results_in_place(module, results)
                     scratch = _promote_allocations(module)
