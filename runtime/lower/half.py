@@ -38,7 +38,7 @@ def widen_arithmetic(module: ir.Module) -> None:
 def _combines(op: ir.Operation) -> list[ir.Operation]:
     """The ops of a reduction's body that read its output (the accumulator), or that read what
     such an op computed: widened, a max or argmax over bf16 values became vector reductions and
-    compares of bf16 values, on which LLVM aborted. None in an elementwise generic."""
+    compares of bf16 values, on which LLVM aborted. An elementwise generic has none."""
     if "reduction" not in str(op.attributes["iterator_types"]):
         return []
     block = op.regions[0].blocks[0]

@@ -787,7 +787,7 @@ def plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
     odd = {d for d, size in enumerate(sizes) if size & (size - 1)}
     if not odd:
         return tiling
-    if op.name != "linalg.generic" or None in (_loop_sizes(op) or (None,)):
+    if op.name != "linalg.generic" or None in _loop_sizes(op):  # not None: `_plan` tiled it
         return None
     sizes = tuple(1 << (size.bit_length() - 1) if d in odd else size for d, size in enumerate(sizes))
     return sizes, order, tuple(sorted({*partial, *odd})), tuple(sorted({*rows, *odd}))
