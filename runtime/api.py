@@ -30,8 +30,9 @@ from .capture.trace import (
 )
 from .cpu import Cpu, runnable, select
 from .delegate import Delegation, delegate
-from .errors import InputMismatch, InternalError, NotConformant, TorchTosaError, Unsupported
+from .errors import InputMismatch, InternalError, NotConformant, NotInPlace, TorchTosaError, Unsupported
 from .execute.native import NativeFunction
+from .execute.state import WRITES
 from .importer.graph import Program, import_graph
 from .importer.target import Target
 from .internal import blame, internal_error, is_internal
@@ -54,8 +55,10 @@ class GraphFunction:
     (symbolic ints torch.compile passes) are read from the tensors' shapes instead. Graph
     outputs that are sizes are computed from the input shapes."""
 
-    def __init__(self, native: NativeFunction, program: Program, count: int) -> None:
+    def __init__(self, native: NativeFunction, program: Program, count: int,
+                 writes: dict[int, int] | None = None) -> None:
         self.native = native
+        self.writes = writes or {}  # graph output -> placeholder it is written into (`state.native_writes`)
         self.arguments = None if program.arguments == list(range(count)) else program.arguments
         self.scalars = list(program.scalars)
         self.sizes = [(i, evaluator(e)) for i, e in program.sizes]
@@ -101,8 +104,10 @@ class _Cache:
         except Exception as err:
             blame(err, stage="import to TOSA")
             raise
+        written = _written(gm, program)
         key = (str(program.module), tuple(program.inputs), tuple(program.outputs), tuple(program.arguments),
-               tuple(program.ranges.items()), tuple(program.scalars.items()), tuple(program.sizes), opt, cpu.name)
+               tuple(program.ranges.items()), tuple(program.scalars.items()), tuple(program.sizes),
+               tuple(written.items()), opt, cpu.name)
         with self.lock:
             hit = self.entries.get(key)
         if hit is not None:
@@ -113,10 +118,17 @@ class _Cache:
             artifacts.write("tosa.mlir", str(program.module))
             artifacts.note(f"opt={opt!r}, cpu={cpu.describe()}")
             artifacts.note(f"inputs {debug.signature(program.inputs)}; outputs {debug.signature(program.outputs)}")
-        native = NativeFunction(program.module, program.inputs, program.outputs, opt=opt, ranges=program.ranges,
-                                scalars=program.scalars, cpu=cpu, artifacts=artifacts)
+        def build(written: dict[int, int]) -> NativeFunction:
+            return NativeFunction(program.module, program.inputs, program.outputs, opt=opt, ranges=program.ranges,
+                                  scalars=program.scalars, cpu=cpu, artifacts=artifacts, written=written)
+
+        try:
+            native = build(written)
+        except NotInPlace:  # returns the new values instead: the caller's copies write them
+            native = build({})
         self.compiles += 1
-        run = GraphFunction(native, program, len(gm.graph.find_nodes(op="placeholder")))
+        run = GraphFunction(native, program, len(gm.graph.find_nodes(op="placeholder")),
+                            gm.meta.get(WRITES, {}) if native.written else {})
         with self.lock:
             return self.entries.setdefault(key, (program, run))
 
@@ -126,6 +138,19 @@ class _Cache:
 
 
 CACHE = _Cache()
+
+
+def _written(gm: torch.fx.GraphModule, program: Program) -> dict[int, int]:
+    """The outputs of a region that its native function writes into one of its inputs
+    (`state.native_writes`): native output position -> native input position."""
+    sizes = sorted(i for i, _ in program.sizes)
+    written = {}
+    for output, placeholder in sorted(gm.meta.get(WRITES, {}).items()):
+        argument = program.arguments.index(placeholder) if placeholder in program.arguments else None
+        if output in sizes or argument is None or argument in program.scalars:
+            raise ValueError(f"output {output} of the region can't be written into its input {placeholder}")
+        written[output - sum(i < output for i in sizes)] = argument
+    return written
 
 
 def to_tosa(fn: Callable | torch.nn.Module | torch.export.ExportedProgram, *args: Any,

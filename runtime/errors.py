@@ -32,6 +32,11 @@ class CompileError(TorchTosaError):
     """The MLIR pass pipeline or the JIT failed on a module torchtosa produced."""
 
 
+class NotInPlace(CompileError):
+    """Bufferization computed an update of an input elsewhere than in the input's buffer
+    (the function is then compiled to return the new value instead)."""
+
+
 class MissingRuntime(CompileError):
     """A library native code needs is not installed (opt="parallel"'s OpenMP runtime, MLIR's
     runner utils): the installation's to fix, not the program's."""

@@ -14,7 +14,8 @@ aten ops it is; the compile's one FallbackWarning and `explain()` name the error
 source line, and ask for a report. An eager op that reads the storage beneath its input
 (as_strided) reads it through views that run eagerly too. A whole-tensor update of an input
 (`copy_(buffer, new_value)`, batch norm's running statistics in training) is a write-back, not
-an op: it runs after the regions, as AOTAutograd's own epilogue would copy the value.
+an op: it runs after the regions, as AOTAutograd's own epilogue would copy the value, unless
+the region computing the value writes it into the input itself (`state.native_writes`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
 from .errors import InternalError, TorchTosaError, Unsupported
-from .execute.state import in_place_writes, update_in_place
+from .execute.state import drop_copies, in_place_writes, native_writes, update_in_place, writes_natively
 from .importer.graph import Program, where
 from .importer.support import is_size, unsupported_reason
 from .internal import internal_error, is_internal
@@ -70,6 +71,7 @@ class NativeRegion:
     program: Program
     graph: str = ""
     nodes: list[str] = field(default_factory=list)  # its nodes in the graph
+    writes: list[str] = field(default_factory=list)  # inputs it updates in the caller's tensor
 
 
 @dataclass
@@ -141,6 +143,8 @@ class Explanation:
                     lines.append(f"native {part.name}: {sum(part.ops.values())} ops ({ops})")
                     if part.program.ranges:
                         lines.append(f"       serves sizes {part.program.serves()}")
+                    for name in part.writes:
+                        lines.append(f"       writes {name} in place, in the caller's tensor")
                 elif isinstance(part, WriteBack):
                     lines.append(f"write  {part.input}: its new value, copied into the caller's tensor "
                                  f"— at {part.where}")
@@ -179,8 +183,10 @@ def split(gm: fx.GraphModule, compile_region: CompileRegion,
     failures: dict[str, InternalError] = {}  # node -> torchtosa's own error on it
     checked = {n.name: _checked(n, failures) for n in gm.graph.nodes
                if n.op == "call_function" and n.target is not operator.getitem}
+    native = writes_natively(gm)
     for src, copy in in_place_writes(gm).items():
-        checked[src.name] = f"writes into input {copy.args[0].name} in place"
+        if src not in native:
+            checked[src.name] = f"writes into input {copy.args[0].name} in place"
     forced: dict[str, str] = {}  # node -> reason, for nodes the importer rejected or failed on
     while True:
         try:  # _attempt adds reasons of its own (small regions): a fresh dict each time
@@ -228,11 +234,20 @@ def _attempt(gm: fx.GraphModule, reasons: dict[str, str | None], compile_region:
     _lay_out_storage_bases(outer, reasons)
     big = [p for p in partitions if _size(p) >= min_ops]
     fused = fuse_by_partitions(outer, [p.nodes for p in big]) if big else outer
+    writes = native_writes(fused)
     regions = _compile_regions(fused, compile_region, failures)
-    for gone in update_in_place(fused):
-        reasons.pop(gone)
+    gone, written = set(), {}
+    for call, planned in writes.items():  # the copies a native region wrote itself go
+        region = getattr(fused, call.target)
+        honored = getattr(region.native, "writes", {}) if isinstance(region, _NativeCall) else {}
+        done = [w for w in planned if honored.get(w[1]) == w[2]]
+        written[call.target] = [copy.args[0].meta.get("user_input", copy.args[0].name) for copy, _, _ in done]
+        gone |= drop_copies(fused, done)
+    gone |= update_in_place(fused)
+    for name in gone:
+        reasons.pop(name, None)
     _views_as_reshapes(fused)
-    return fused, _explain(gm, reasons, regions, failures)
+    return fused, _explain(gm, reasons, regions, failures, written)
 
 
 # Ops that read the storage beneath their input, not only its elements.
@@ -419,7 +434,8 @@ def _region_failure(err: InternalError | Unsupported, region: fx.GraphModule) ->
 
 
 def _explain(gm: fx.GraphModule, reasons: dict[str, str | None], regions: dict[str, tuple[str, Program]],
-             failures: dict[str, InternalError] | None = None) -> Explanation:
+             failures: dict[str, InternalError] | None = None,
+             written: dict[str, list[str]] | None = None) -> Explanation:
     failures = failures or {}
     explanation = Explanation(failures=list(dict.fromkeys(failures.values())))
     by_region: dict[str, NativeRegion] = {}
@@ -435,7 +451,8 @@ def _explain(gm: fx.GraphModule, reasons: dict[str, str | None], regions: dict[s
         elif node.name in regions:
             name, program = regions[node.name]
             if name not in by_region:
-                by_region[name] = NativeRegion(f"region {len(by_region)}", Counter(), program)
+                by_region[name] = NativeRegion(f"region {len(by_region)}", Counter(), program,
+                                               writes=(written or {}).get(name, []))
                 explanation.parts.append(by_region[name])
             by_region[name].ops[op] += 1
             by_region[name].nodes.append(node.name)

@@ -90,3 +90,23 @@ def test_off_means_the_jit(monkeypatch: pytest.MonkeyPatch) -> None:
     torch.testing.assert_close(torchtosa.compile(torch.tanh, x)(x), torch.tanh(x))
     assert [run.native.cached for _, run in CACHE.entries.values()] == [False]
     assert all(hasattr(run.native, "_engine") for _, run in CACHE.entries.values())
+
+
+def test_the_body_is_compiled_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The packed wrapper calls the C-interface wrapper, which holds the body: inlined into both,
+    the body was compiled twice (twice opt's and llc's time)."""
+    monkeypatch.setenv(disk_cache.ENV_SWITCH, "1")
+    monkeypatch.setenv(disk_cache.ENV_DIR, str(tmp_path))
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 10)).eval()
+    x = torch.randn(8, 64)
+    CACHE.clear()
+    with torch.no_grad():
+        torch.testing.assert_close(torchtosa.compile(model, x)(x), model(x), rtol=1e-5, atol=1e-5)
+    CACHE.clear()
+    (library,) = tmp_path.glob("*.so")
+    sizes = {}
+    for line in toolchain.run([toolchain.llvm_tool("llvm-nm"), "-S", "--defined-only", str(library)]).splitlines():
+        fields = line.split()
+        if len(fields) == 4:
+            sizes[fields[3]] = int(fields[1], 16)
+    assert sizes["_mlir_ciface_forward"] > 1000 and sizes["torchtosa_packed_forward"] < 200, sizes

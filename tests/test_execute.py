@@ -336,7 +336,7 @@ def test_i1_buffers_raise_instead_of_aborting() -> None:
     with pytest.raises(CompileError, match="stage 'bufferize'"):
         lower(parse(returned))
     assert list(PIPELINES) == ["tosa-to-linalg", "fuse-before-reshapes", "linalg", "fuse-dynamic", "unit-dims",
-                               "schedule", "bufferize", "openmp", "llvm"]
+                               "schedule", "bufferize", "out-params", "openmp", "llvm"]
 
 
 def _rss() -> int:

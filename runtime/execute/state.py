@@ -10,9 +10,17 @@ torch's naming convention (`aten.f_` beside `aten.f`; `aten.v` for `aten.v_scatt
 by a table. Those ops then run eagerly, between native regions. A pointwise update
 (`x.add_(1)`: batch norm's step counter) writes every element either way: it stays a native
 op followed by the copy.
+
+Better still, a native region writes such an update into the caller's tensor itself
+(`native_writes`): the region's function takes the input as a writable argument and
+materializes the new value in it (`NativeFunction`'s `written`), so a scatter into a KV
+cache runs in place inside native code and the step is one native call, not a call per
+layer around eager scatters. `writes_natively` says which scatters can stay in a region.
 """
 
 from __future__ import annotations
+
+import operator
 
 import torch
 import torch.fx as fx
@@ -74,3 +82,70 @@ def update_in_place(gm: fx.GraphModule) -> set[str]:
         gm.graph.lint()
         gm.recompile()
     return done
+
+
+# The placeholder each output of a fused region writes into: GraphModule.meta key of the
+# region's submodule, {output position: placeholder position}.
+WRITES = "torchtosa_writes"
+
+
+def _reads_after(dst: fx.Node, node: fx.Node, order: dict[fx.Node, int], allowed: tuple[fx.Node, ...]) -> bool:
+    """Whether an op other than `allowed` reads `dst` after `node`, or through a view (which
+    would see the new value where the graph means the old one)."""
+    return any(u not in allowed and (order[u] > order[node] or _aliases(u)) for u in dst.users)
+
+
+def _aliases(node: fx.Node) -> bool:
+    """Whether `node`'s result may share storage with an input (a view, an in-place op, a
+    function of unknown semantics); a native region's results are its own."""
+    if node.op == "call_module" or node.target is operator.getitem:
+        return False
+    schema = getattr(node.target, "_schema", None)
+    return schema is None or any(a.alias_info is not None for a in schema.arguments)
+
+
+def writes_natively(gm: fx.GraphModule) -> set[fx.Node]:
+    """The scatters of `in_place_writes` a native region may compute and write into the caller's
+    tensor: no op but the scatter and its copy reads the input after the scatter or views it."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    return {src for src, copy in in_place_writes(gm).items()
+            if not _reads_after(copy.args[0], src, order, (src, copy))}
+
+
+def native_writes(fused: fx.GraphModule) -> dict[fx.Node, list[tuple[fx.Node, int, int]]]:
+    """Per call of a fused region: the write-backs `copy_(x, region output)` it can do itself,
+    as (copy, output position, argument position of x): `x` is an argument of the region, of
+    the output's shape and dtype, and no other op reads it after the call or views it. Marks
+    each region's submodule (`WRITES`) for its compile."""
+    order = {n: i for i, n in enumerate(fused.graph.nodes)}
+    planned: dict[fx.Node, list[tuple[fx.Node, int, int]]] = {}
+    for copy in fused.graph.find_nodes(op="call_function", target=aten.copy_.default):
+        dst, value = copy.args[:2]
+        if dst.op != "placeholder" or not isinstance(value, fx.Node) or len(copy.args) > 2 or copy.kwargs:
+            continue
+        call, position = (value.args[0], value.args[1]) if value.target is operator.getitem else (value, 0)
+        if not (isinstance(call, fx.Node) and call.op == "call_module" and dst in call.args):
+            continue
+        old, new = dst.meta.get("val"), value.meta.get("val")
+        if not (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor) and old.dtype == new.dtype
+                and old.shape == new.shape):
+            continue
+        if _reads_after(dst, call, order, (call, copy)) or any(u.op == "output" for u in value.users):
+            continue
+        taken = planned.setdefault(call, [])
+        if any(p == position or c.args[0] is dst for c, p, _ in taken):
+            continue
+        taken.append((copy, position, call.args.index(dst)))
+    for call, writes in planned.items():
+        getattr(fused, call.target).meta[WRITES] = {position: argument for _, position, argument in writes}
+    return planned
+
+
+def drop_copies(fused: fx.GraphModule, writes: list[tuple[fx.Node, int, int]]) -> set[str]:
+    """Erase the write-backs a compiled region does itself; their names."""
+    names = {copy.name for copy, _, _ in writes}
+    for copy, _, _ in writes:
+        copy.replace_all_uses_with(copy.args[0])
+        fused.graph.erase_node(copy)
+    fused.recompile()
+    return names

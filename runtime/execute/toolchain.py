@@ -93,11 +93,18 @@ def optimize(ir_file: Path, out: Path, cpu: Cpu) -> None:
     run([llvm_tool("opt"), "-O3", *target_flags(cpu), str(ir_file), "-o", str(out)], what="opt")
 
 
+# llc's options besides the target's: no post-register-allocation list scheduling, which the Zen
+# entries' scheduling models turn on. Every entry of the CPU table is an out-of-order core, and it
+# took a fifth of llc's time on the long blocks of unrolled micro-kernels (r3d_18's Winograd
+# convolutions: 0.29 of 1.30 s) for no measured change in run time (ResNet-50, ConvNeXt-T,
+# BERT, the conv block, MLP and matmul of `make bench`, Zen 4).
+LLC_FLAGS = ("-O3", "-post-RA-scheduler=false", "-relocation-model=pic", "-filetype=obj")
+
+
 def compile_object(bitcode: Path, out: Path, cpu: Cpu) -> None:
     """Position-independent machine code for `cpu` (its vector registers and instructions, as the
     JIT uses them: vector math calls pass registers of the width its entry's libmvec variant has)."""
-    run([llvm_tool("llc"), "-O3", *target_flags(cpu), "-relocation-model=pic", "-filetype=obj",
-         str(bitcode), "-o", str(out)], what="llc")
+    run([llvm_tool("llc"), *LLC_FLAGS, *target_flags(cpu), str(bitcode), "-o", str(out)], what="llc")
 
 
 # LLVM IR lines a part of a module must have to be worth a process of its own

@@ -29,11 +29,11 @@ import time
 from collections.abc import Callable
 
 from mlir import ir
-from mlir.dialects import arith, linalg, memref, tensor
+from mlir.dialects import arith, func, linalg, memref, tensor
 
 from .. import progress
 from ..cpu import Cpu, select
-from ..errors import CompileError
+from ..errors import CompileError, NotInPlace
 from ..internal import blame
 from . import vnni
 from .convolutions import rewrite_convolutions
@@ -85,11 +85,7 @@ PIPELINES: dict[str, str] = {
     # vectorizes (a Python stage, running MLIR's transform interpreter).
     "unit-dims": "builtin.module(func.func(linalg-fold-unit-extent-dims),canonicalize,cse)",
     "schedule": "",
-    # Tensors -> memrefs. Results become caller-allocated out-params, hence
-    # modify-public-functions (without it the pass silently does nothing); a part's result of a
-    # dynamic shape, computed into a buffer its caller passes (`partition._destinations`), is dropped.
-    # Loops (tosa.while_loop) may yield new buffers. Buffers of a loop-invariant size allocated
-    # in a loop (a packed matmul panel) are allocated once, before it. First, sizes of dynamic
+    # Tensors -> memrefs. Loops (tosa.while_loop) may yield new buffers. First, sizes of dynamic
     # tensors are answered from the operands they derive from and min/max of loop-bound indices
     # inside loops are folded: one-shot analysis compares every tensor.insert_slice with the
     # extract_slices of its destination through ValueBounds (Presburger sets), and
@@ -97,10 +93,16 @@ PIPELINES: dict[str, str] = {
     "bufferize": "builtin.module("
     "func.func(resolve-shaped-type-result-dims,scf-for-loop-canonicalization),"
     "one-shot-bufferize{bufferize-function-boundaries allow-return-allocs-from-loops "
-    "function-boundary-type-conversion=identity-layout-map},"
-    "drop-equivalent-buffer-results,"
-    "buffer-results-to-out-params{hoist-static-allocs=true "
-    "modify-public-functions=true},"
+    "function-boundary-type-conversion=identity-layout-map})",
+    # The calling convention. First a part's result that is its argument's buffer is dropped, the
+    # call's operand used instead (of a dynamic shape, computed into a buffer its caller passes:
+    # `partition._destinations`; a layer's KV cache updated in place: `_returned_arguments`), and
+    # an update of the caller's tensor is no result (`_written_in_place`); the others become
+    # caller-allocated out-params, hence modify-public-functions (without it the pass silently
+    # does nothing). Buffers of a loop-invariant size allocated in a loop (a packed matmul
+    # panel) are allocated once, before it.
+    "out-params": "builtin.module("
+    "buffer-results-to-out-params{hoist-static-allocs=true modify-public-functions=true},"
     "func.func(buffer-loop-hoisting),buffer-deallocation-pipeline)",
     # opt="parallel" only: the column-panel loops of matmuls and the per-thread chunks of other
     # large ops (scf.forall, `schedule.thread_split`) become OpenMP worksharing loops (statically
@@ -198,6 +200,10 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
                 results = _result_counts(module)
                 _distinct_results(module)
                 _private_empty_tensors(module)
+            if stage == "out-params":
+                _returned_arguments(module)
+                run_passes(module, "builtin.module(drop-equivalent-buffer-results)")
+                _written_in_place(module)
             if stage == "llvm":
                 _reject_sub_byte_buffers(module)
                 if opt != "none":
@@ -352,12 +358,98 @@ def _carve_arena(func: ir.OpView, internal: set[str]) -> int | None:
     return total
 
 
+# A function attribute: the results it computes into arguments instead, `[result, argument, ...]`
+# (an update of the caller's tensor, `native._prepare`); the argument is writable.
+WRITES_ATTR = "torchtosa.writes"
+
+
+def _written_in_place(module: ir.Module) -> None:
+    """Drop each result of WRITES_ATTR from its function (a public one, which no call uses): one
+    bufferization computed in its argument's buffer (`_buffer_base`) is there already; another is
+    copied into it at the end, after every read of the old value (a counter's `+ 1`, computed in a
+    buffer of its own). NotInPlace if another result lives in that buffer too: the caller
+    compiles the function without the writes instead."""
+    for function in module.body.operations:
+        if function.operation.name != "func.func" or WRITES_ATTR not in function.attributes:
+            continue
+        pairs = list(ir.DenseI64ArrayAttr(function.attributes[WRITES_ATTR]))
+        del function.attributes[WRITES_ATTR]
+        entry = function.regions[0].blocks[0]
+        ret = list(entry.operations)[-1]
+        written = dict(zip(pairs[::2], pairs[1::2], strict=True))
+        bases = [_buffer_base(v) for v in ret.operands]
+        for k, i in written.items():
+            argument, value = entry.arguments[i], ret.operands[k]
+            if bases[k] == argument:
+                continue
+            if value.type != argument.type or any(b == argument for b in bases):
+                raise NotInPlace(f"result {k} of @{ir.StringAttr(function.attributes['sym_name']).value} can't "
+                                 f"be written into its argument {i}")
+            with module.context, ret.location:
+                memref.CopyOp(value, argument, ip=ir.InsertionPoint(ret))
+        kept = [v for k, v in enumerate(ret.operands) if k not in written]
+        with module.context, ret.location:
+            func.ReturnOp(kept, ip=ir.InsertionPoint(ret))
+            ret.erase()
+            signature = ir.FunctionType(ir.TypeAttr(function.attributes["function_type"]).value)
+            function.attributes["function_type"] = ir.TypeAttr.get(
+                ir.FunctionType.get(signature.inputs, [v.type for v in kept]))
+
+
+def _returned_arguments(module: ir.Module) -> None:
+    """A private function's result that is one of its arguments' buffers (`_buffer_base`: a
+    layer's KV cache, updated in place through reshapes and a scatter's loop) returns that
+    argument itself, for drop-equivalent-buffer-results to drop (which sees no further)."""
+    for function in module.body.operations:
+        if (function.operation.name != "func.func" or not function.regions[0].blocks
+                or "sym_visibility" not in function.attributes):
+            continue
+        entry = function.regions[0].blocks[0]
+        ret = list(entry.operations)[-1]
+        for k, value in enumerate(ret.operands):
+            base = _buffer_base(value)
+            if base != value and isinstance(base, ir.BlockArgument) and base.owner == entry and base.type == value.type:
+                ret.operands[k] = base
+
+
+_VIEWS = ("memref.expand_shape", "memref.collapse_shape", "memref.cast")
+
+
+def _buffer_base(value: ir.Value) -> ir.Value:
+    """The buffer `value` is, seen through views (`_VIEWS`) and loops that yield the buffer
+    they carry (a scatter's loop, in place)."""
+    while isinstance(value, ir.OpResult):
+        op = value.owner
+        if op.name in _VIEWS:
+            value = op.operands[0]
+        elif op.name == "scf.for":
+            body = op.regions[0].blocks[0]
+            carried = body.arguments[1 + value.result_number]
+            if list(body.operations)[-1].operands[value.result_number] != carried:
+                break
+            value = op.operands[3 + value.result_number]
+        else:
+            break
+    return value
+
+
 def _result_counts(module: ir.Module) -> dict[str, int]:
-    """The number of results of each function of `module` (on tensors: before they become
-    output arguments, the last ones)."""
-    return {ir.StringAttr(op.attributes["sym_name"]).value:
-            len(ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value).results)
-            for op in module.body.operations if op.operation.name == "func.func"}
+    """The number of results of each function of `module` that become output arguments, the
+    last ones (on tensors: before bufferization; one materialized in or written into an
+    argument, which is dropped, is not one)."""
+    counts = {}
+    for op in module.body.operations:
+        if op.operation.name != "func.func" or not op.regions[0].blocks:
+            continue
+        entry = op.regions[0].blocks[0]
+        ret = list(entry.operations)[-1]
+        written = len(ir.DenseI64ArrayAttr(op.attributes[WRITES_ATTR])) // 2 if WRITES_ATTR in op.attributes else 0
+        counts[ir.StringAttr(op.attributes["sym_name"]).value] = sum(
+            1 for v in ret.operands if not (isinstance(v, ir.OpResult)
+                                            and v.owner.name == "bufferization.materialize_in_destination"
+                                            and isinstance(v.owner.operands[1], ir.BlockArgument)
+                                            and v.owner.operands[1].owner == entry)) - written
+    return counts
 
 
 def _results_in_place(module: ir.Module, results: dict[str, int]) -> None:
@@ -371,11 +463,11 @@ def _results_in_place(module: ir.Module, results: dict[str, int]) -> None:
     the copy is its last use but a deallocation, the output argument replaces it, reshaped back
     (`_view_of`) if the copy read it through reshapes.
     """
-    for func in module.body.operations:
-        if func.operation.name != "func.func" or not func.regions[0].blocks:
+    for function in module.body.operations:
+        if function.operation.name != "func.func" or not function.regions[0].blocks:
             continue
-        entry = func.regions[0].blocks[0]
-        first_output = len(entry.arguments) - results.get(ir.StringAttr(func.attributes["sym_name"]).value, 0)
+        entry = function.regions[0].blocks[0]
+        first_output = len(entry.arguments) - results.get(ir.StringAttr(function.attributes["sym_name"]).value, 0)
         ops = list(entry.operations)
         position = {op.operation: i for i, op in enumerate(ops)}
         for copy in [op for op in ops if op.operation.name == "memref.copy"]:  # (deallocs are erased below)
@@ -383,7 +475,7 @@ def _results_in_place(module: ir.Module, results: dict[str, int]) -> None:
             reshapes = _reshapes(source)
             buffer = reshapes[-1].operands[0] if reshapes else source
             alloc = _defining_op(buffer)
-            if (alloc is None or alloc.name != "memref.alloc" or alloc.parent != func.operation
+            if (alloc is None or alloc.name != "memref.alloc" or alloc.parent != function.operation
                     or not isinstance(target, ir.BlockArgument) or target.owner != entry
                     or target.arg_number < first_output or source.type != target.type
                     or len(list(target.uses)) != 1 or bool(reshapes) == bool(list(alloc.operands))):
@@ -391,7 +483,7 @@ def _results_in_place(module: ir.Module, results: dict[str, int]) -> None:
                 # taken only without reshapes (`_view_of` rebuilds static shapes)
                 continue
             later = [u.owner for u in buffer.uses
-                     if position.get(top_level(u.owner, func.operation), -1) > position[copy.operation]]
+                     if position.get(top_level(u.owner, function.operation), -1) > position[copy.operation]]
             if any(user.name != "memref.dealloc" for user in later):
                 continue
             for user in later:
