@@ -666,3 +666,23 @@ def test_one_token_head_projections_read_their_weights_as_dot_products() -> None
     assert not weights
     torch.testing.assert_close(torchtosa.compile(_head_projections, x, wq, wo)(x, wq, wo),
                                _head_projections(x, wq, wo), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_large_head_projections_read_their_rows_as_streams(dtype: torch.dtype) -> None:
+    """One token's projection viewed as attention heads (q = x @ W.t() viewed [heads, head_dim]),
+    of a weight larger than the L2: its two output loops become one (`_collapse_outputs`), so it is
+    read as `Tiles.dot[0]` long streams like a plain linear layer's (it was 4-row tiles of each
+    head: a bf16 Llama's q, k and v projections streamed at a third of the speed)."""
+    tiles = derive(select())
+    streams, k, heads = tiles.dot[0], 256, 16
+    n = -(-2 * tiles.streamed_matrix_bytes // (k * dtype.itemsize) // 64) * 64
+
+    def project(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (x @ w.t()).view(1, 1, heads, n // heads).transpose(1, 2)
+
+    x, w = torch.randn(1, 1, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
+    assert f"tensor<{streams}x{n // streams}x{k}x" in str(_linalg(project, x, w, stop_before="bufferize"))
+    expected = (x.float() @ w.float().t()).to(dtype).view(1, 1, heads, n // heads).transpose(1, 2)
+    torch.testing.assert_close(torchtosa.compile(project, x, w)(x, w), expected,
+                               **({"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {}))
