@@ -93,8 +93,8 @@ def test_off_means_the_jit(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_body_is_compiled_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The packed wrapper calls the C-interface wrapper, which holds the body: inlined into both,
-    the body was compiled twice (twice opt's and llc's time)."""
+    """The packed wrapper holds the body, inlined from the C-interface wrapper, which is internal
+    and so gone: public, it was a second copy of the body (twice opt's and llc's time)."""
     monkeypatch.setenv(disk_cache.ENV_SWITCH, "1")
     monkeypatch.setenv(disk_cache.ENV_DIR, str(tmp_path))
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 10)).eval()
@@ -109,4 +109,4 @@ def test_the_body_is_compiled_once(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         fields = line.split()
         if len(fields) == 4:
             sizes[fields[3]] = int(fields[1], 16)
-    assert sizes["_mlir_ciface_forward"] > 1000 and sizes["torchtosa_packed_forward"] < 200, sizes
+    assert "_mlir_ciface_forward" not in sizes and sizes["torchtosa_packed_forward"] > 1000, sizes

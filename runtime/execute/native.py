@@ -137,7 +137,6 @@ class NativeFunction:
             self._module = _prepare(module, name, self.inputs, tuple(outputs), self.written)
             on_stage = None if artifacts is None else lambda stage, s: artifacts.stage(stage, s, self._module)
             scratch = lower(self._module, opt, cpu=self.cpu, on_stage=on_stage)
-            _called_not_inlined(_ciface(self._module, name))
             if artifacts is not None:
                 artifacts.write("kernel.ll", toolchain.llvm_ir(self._module))
             started = time.perf_counter()
@@ -440,6 +439,10 @@ def _packed_wrapper(module: ir.Module, name: str, wrapper: str) -> None:
     """Add `void wrapper(void **args)` calling `_mlir_ciface_<name>` with `*args[i]`, as the JIT's
     packed wrappers do, compiled for the same CPU."""
     ciface = _ciface(module, name)
+    # internal: inlined into the wrapper (it inherits `alwaysinline`), it is gone; public, it was a
+    # second copy of the whole body through opt and llc (an encoder layer's 0.45 + 0.99 s instead
+    # of 0.24 + 0.50). (Left a call, x86-64-v3 code computed a wrong int64 topk: test_cpu.)
+    ciface.attributes["linkage"] = ir.Attribute.parse("#llvm.linkage<internal>", context=module.context)
     n = len(ciface.regions[0].blocks[0].arguments)
     target = "".join(f", {key} = {ciface.attributes[key]}" for key in ("target_cpu", "target_features")
                      if key in ciface.attributes)
@@ -461,17 +464,6 @@ def _ciface(module: ir.Module, name: str) -> ir.OpView:
     """The `_mlir_ciface_<name>` wrapper of a module lowered to the LLVM dialect."""
     return next(op for op in module.body.operations if op.operation.name == "llvm.func"
                 and ir.StringAttr(op.attributes["sym_name"]).value == f"_mlir_ciface_{name}")
-
-
-def _called_not_inlined(function: ir.OpView) -> None:
-    """Make `function` (the C-interface wrapper) `noinline`: it inherits `alwaysinline` from the
-    function it wraps (`_prepare`), and inlined into a packed wrapper (ours, or the JIT's) it was
-    a second copy of the whole body, which doubled `opt`'s and `llc`'s time (an encoder layer:
-    0.45 + 0.99 s instead of 0.24 + 0.50)."""
-    with function.context:
-        old = ir.ArrayAttr(function.attributes["passthrough"]) if "passthrough" in function.attributes else []
-        kept = [a for a in old if str(a) not in ('"alwaysinline"', '"noinline"')]
-        function.attributes["passthrough"] = ir.ArrayAttr.get([*kept, ir.StringAttr.get("noinline")])
 
 
 def _jit(module: ir.Module) -> ExecutionEngine:
