@@ -241,7 +241,7 @@ def _attempt(gm: fx.GraphModule, reasons: dict[str, str | None], compile_region:
         region = getattr(fused, call.target)
         honored = getattr(region.native, "writes", {}) if isinstance(region, _NativeCall) else {}
         done = [w for w in planned if honored.get(w[1]) == w[2]]
-        written[call.target] = [copy.args[0].meta.get("user_input", copy.args[0].name) for copy, _, _ in done]
+        written[call.target] = [_input_name(copy.args[0]) for copy, _, _ in done]
         gone |= drop_copies(fused, done)
     gone |= update_in_place(fused)
     for name in gone:
@@ -446,7 +446,7 @@ def _explain(gm: fx.GraphModule, reasons: dict[str, str | None], regions: dict[s
         op = str(node.target)
         if _write_back(node):  # where the new value is computed (the copy itself has no source line)
             target, value = node.args[:2]
-            explanation.parts.append(WriteBack(target.meta.get("user_input", target.name),
+            explanation.parts.append(WriteBack(_input_name(target),
                                                where(value if isinstance(value, fx.Node) else node)))
         elif node.name in regions:
             name, program = regions[node.name]
@@ -463,6 +463,11 @@ def _explain(gm: fx.GraphModule, reasons: dict[str, str | None], regions: dict[s
                 reason = f"{_REGION_FAILED}: internal error{_in(failure)}: {failure.detail}"
             explanation.parts.append(EagerOp(op, reason, where(node), failure, node=node.name))
     return explanation
+
+
+def _input_name(placeholder: fx.Node) -> str:
+    """What explain() calls a graph input: the user's name Dynamo gave it, else its node's."""
+    return placeholder.meta.get("user_input", placeholder.name)
 
 
 def _in(failure: InternalError) -> str:

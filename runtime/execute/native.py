@@ -184,10 +184,7 @@ class NativeFunction:
                 raise InputMismatch(_mismatch(i, t, self.inputs[i]))
             tensors.append(t if t.is_contiguous() else t.contiguous())
         results = [torch.empty(shape, dtype=dtype) for shape, dtype in self._results]
-        if self.written:
-            return self._writing(args, tensors, results, with_sizes=False)
-        self._run(tensors + results, with_sizes=False)
-        return results
+        return self._call(args, tensors, results, with_sizes=False)
 
     def _call_dynamic(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """A call with sizes known at run time: the descriptors get each tensor's sizes too."""
@@ -200,16 +197,16 @@ class NativeFunction:
         shapes = self._sizes.output_shapes(self._sizes.values(args), args)
         tensors = [t if t.is_contiguous() else t.contiguous() for t in args]
         results = [torch.empty(shape, dtype=spec.dtype) for shape, spec in zip(shapes, self.outputs, strict=True)]
-        if self.written:
-            return self._writing(args, tensors, results, with_sizes=True)
-        self._run(tensors + results, with_sizes=True)
-        return results
+        return self._call(args, tensors, results, with_sizes=True)
 
-    def _writing(self, args: Sequence[torch.Tensor], tensors: list[torch.Tensor], results: list[torch.Tensor],
-                 with_sizes: bool) -> list[torch.Tensor]:
-        """A call that writes outputs into inputs (`written`): each such input is the caller's
-        tensor, or, where that one is not contiguous, a contiguous copy copied back after the
-        call; it is the output too."""
+    def _call(self, args: Sequence[torch.Tensor], tensors: list[torch.Tensor], results: list[torch.Tensor],
+              with_sizes: bool) -> list[torch.Tensor]:
+        """Run on the contiguous `tensors` of `args` into `results`; the outputs. An input an
+        output is written into (`written`) is the caller's tensor, or, where that one is not
+        contiguous, a contiguous copy copied back after the call; it is that output too."""
+        if not self.written:
+            self._run(tensors + results, with_sizes)
+            return results
         private = {i: tensors[i] for i in self.written.values() if tensors[i] is not args[i]}
         self._run(tensors + results, with_sizes)
         for i, copy in private.items():
@@ -374,8 +371,8 @@ def _prepare(
         # Internal, so once inlined it is gone: the JIT would otherwise also compile it on its
         # own and a packed `_mlir_<name>` wrapper of it, each a copy of its body.
         func.attributes["llvm.linkage"] = ir.Attribute.parse("#llvm.linkage<internal>")
-        # Inputs are read-only: never bufferize in place into a caller's tensor
-        # (tosa.scatter would otherwise write into its values_in argument).
+        # Inputs are read-only: never bufferize in place into a caller's tensor (tosa.scatter
+        # would otherwise write into its values_in argument), but for those `written` updates.
         written = written or {}
         old = ir.ArrayAttr(func.attributes["arg_attrs"]) if "arg_attrs" in func.attributes else None
         func.attributes["arg_attrs"] = ir.ArrayAttr.get(
@@ -438,10 +435,11 @@ def shared_object(module: ir.Module, name: str, cpu: Cpu, work: Path) -> Path:
 def _packed_wrapper(module: ir.Module, name: str, wrapper: str) -> None:
     """Add `void wrapper(void **args)` calling `_mlir_ciface_<name>` with `*args[i]`, as the JIT's
     packed wrappers do, compiled for the same CPU."""
-    ciface = _ciface(module, name)
+    ciface = next(op for op in module.body.operations if op.operation.name == "llvm.func"
+                  and ir.StringAttr(op.attributes["sym_name"]).value == f"_mlir_ciface_{name}")
     # internal: inlined into the wrapper (it inherits `alwaysinline`), it is gone; public, it was a
     # second copy of the whole body through opt and llc (an encoder layer's 0.45 + 0.99 s instead
-    # of 0.24 + 0.50). (Left a call, x86-64-v3 code computed a wrong int64 topk: test_cpu.)
+    # of 0.32 + 0.48). (Left a call, x86-64-v3 code computed a wrong int64 topk: test_cpu.)
     ciface.attributes["linkage"] = ir.Attribute.parse("#llvm.linkage<internal>", context=module.context)
     n = len(ciface.regions[0].blocks[0].arguments)
     target = "".join(f", {key} = {ciface.attributes[key]}" for key in ("target_cpu", "target_features")
@@ -458,12 +456,6 @@ def _packed_wrapper(module: ir.Module, name: str, wrapper: str) -> None:
     op = parsed.body.operations[0]
     op.detach_from_parent()
     module.body.append(op)
-
-
-def _ciface(module: ir.Module, name: str) -> ir.OpView:
-    """The `_mlir_ciface_<name>` wrapper of a module lowered to the LLVM dialect."""
-    return next(op for op in module.body.operations if op.operation.name == "llvm.func"
-                and ir.StringAttr(op.attributes["sym_name"]).value == f"_mlir_ciface_{name}")
 
 
 def _jit(module: ir.Module) -> ExecutionEngine:

@@ -12,10 +12,11 @@ by a table. Those ops then run eagerly, between native regions. A pointwise upda
 op followed by the copy.
 
 Better still, a native region writes such an update into the caller's tensor itself
-(`native_writes`): the region's function takes the input as a writable argument and
-materializes the new value in it (`NativeFunction`'s `written`), so a scatter into a KV
-cache runs in place inside native code and the step is one native call, not a call per
-layer around eager scatters. `writes_natively` says which scatters can stay in a region.
+(`native_writes`): the region's function takes the input as a writable argument and computes
+the new value in it (`NativeFunction`'s `written`; `pipeline._written_in_place` checks where
+bufferization put it), so a scatter into a KV cache runs in place inside native code and the
+step is one native call, not a call per layer around eager scatters; the in-place ops above
+are what is left where it can't. `writes_natively` says which scatters can stay in a region.
 """
 
 from __future__ import annotations

@@ -378,17 +378,16 @@ def _written_in_place(module: ir.Module) -> None:
         ret = list(entry.operations)[-1]
         written = dict(zip(pairs[::2], pairs[1::2], strict=True))
         bases = [_buffer_base(v) for v in ret.operands]
-        for k, i in written.items():
-            argument, value = entry.arguments[i], ret.operands[k]
-            if bases[k] == argument:
-                continue
-            if value.type != argument.type or any(b == argument for b in bases):
-                raise NotInPlace(f"result {k} of @{ir.StringAttr(function.attributes['sym_name']).value} can't "
-                                 f"be written into its argument {i}")
-            with module.context, ret.location:
-                memref.CopyOp(value, argument, ip=ir.InsertionPoint(ret))
-        kept = [v for k, v in enumerate(ret.operands) if k not in written]
         with module.context, ret.location:
+            for k, i in written.items():
+                argument, value = entry.arguments[i], ret.operands[k]
+                if bases[k] == argument:
+                    continue
+                if value.type != argument.type or any(b == argument for b in bases):
+                    raise NotInPlace(f"result {k} of @{ir.StringAttr(function.attributes['sym_name']).value} "
+                                     f"can't be written into its argument {i}")
+                memref.CopyOp(value, argument, ip=ir.InsertionPoint(ret))
+            kept = [v for k, v in enumerate(ret.operands) if k not in written]
             func.ReturnOp(kept, ip=ir.InsertionPoint(ret))
             ret.erase()
             signature = ir.FunctionType(ir.TypeAttr(function.attributes["function_type"]).value)

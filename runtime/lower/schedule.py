@@ -1002,24 +1002,11 @@ def _collapse_outputs(op: ir.Operation) -> None:
         grouped = [i for i, d in enumerate(operand_dims) if d in run]
         if sum(_shape(value)[i] is None for i in grouped) > 1:
             return  # a reshape of two dynamic sizes in one group does not lower (an assertion in MLIR)
-    first, merged = run[0], set(run[1:])
-    renumber = {d: d - sum(1 for m in merged if m < d) for d in range(len(iterators)) if d not in merged}
-    operands, dims = [], []
+    init = op.operands[len(maps) - 1]
     with ir.InsertionPoint(op), op.location:
-        for n, (value, operand_dims) in enumerate(zip(op.operands, maps, strict=True)):
-            if first in operand_dims:
-                start = operand_dims.index(first)
-                groups = [[i] for i in range(start)] + [list(range(start, start + len(run)))]
-                groups += [[i] for i in range(start + len(run), len(operand_dims))]
-                if n == len(maps) - 1:  # the output: its result is expanded back
-                    output_groups, sizes = groups, [_dim(value, d) for d in range(len(operand_dims))]
-                value = collapse(value, groups)
-                operand_dims = operand_dims[:start + 1] + operand_dims[start + len(run):]
-            operands.append(value)
-            dims.append([renumber[d] for d in operand_dims])
-        kept = ir.ArrayAttr.get([a for d, a in enumerate(ir.ArrayAttr(op.attributes["iterator_types"]))
-                                 if d not in merged])
-        n_loops = len(iterators) - len(merged)
+        sizes = [_dim(init, d) for d in range(len(out))]  # the result is expanded back to them
+        operands, dims, _, kept = _merge_run(op, list(op.operands), maps, run)
+        n_loops = len(iterators) - len(run) + 1
         generic = linalg.GenericOp([operands[-1].type], operands[:-1], [operands[-1]],
                                    ir.ArrayAttr.get([dims_map(n_loops, ds) for ds in dims]), kept)
         old = op.regions[0].blocks[0]
@@ -1031,9 +1018,36 @@ def _collapse_outputs(op: ir.Operation) -> None:
                 if operand in values:
                     clone.operands[i] = values[operand]
             values.update(zip(inner.results, clone.results, strict=True))
-        result = expand(generic.results[0], output_groups, sizes)
+        result = expand(generic.results[0], _run_groups(out.index(run[0]), len(run), len(out)), sizes)
     op.results[0].replace_all_uses_with(result)
     op.erase()
+
+
+def _merge_run(op: ir.Operation, values: list[ir.Value], maps: list[list[int]], run: list[int]
+               ) -> tuple[list[ir.Value], list[list[int]], dict[int, int], ir.ArrayAttr]:
+    """`values` (operands of generic `op`, read along the loops `maps`) with the adjacent
+    dimensions each reads the loops `run` along collapsed into one (at the current insertion
+    point); the loops each is then read along, the new number of each loop, and `op`'s
+    iterator types without the merged loops."""
+    first, merged = run[0], set(run[1:])
+    iterators = ir.ArrayAttr(op.attributes["iterator_types"])
+    renumber = {d: d - sum(1 for m in merged if m < d) for d in range(len(iterators)) if d not in merged}
+    collapsed, dims = [], []
+    for value, operand_dims in zip(values, maps, strict=True):
+        if first in operand_dims:
+            start = operand_dims.index(first)
+            value = collapse(value, _run_groups(start, len(run), len(operand_dims)))
+            operand_dims = operand_dims[:start + 1] + operand_dims[start + len(run):]
+        collapsed.append(value)
+        dims.append([renumber[d] for d in operand_dims])
+    kept = ir.ArrayAttr.get([a for d, a in enumerate(iterators) if d not in merged])
+    return collapsed, dims, renumber, kept
+
+
+def _run_groups(start: int, length: int, rank: int) -> list[list[int]]:
+    """Reassociation groups of `rank` dimensions merging the `length` from `start` into one."""
+    return [[i] for i in range(start)] + [list(range(start, start + length))] + \
+        [[i] for i in range(start + length, rank)]
 
 
 def _read_as_run(maps: list[list[int]], run: list[int]) -> bool:
@@ -1084,24 +1098,8 @@ def _collapse_reductions(op: ir.Operation) -> None:
         run = found
     if run is None:
         return
-    first, merged = run[0], set(run[1:])
-    renumber = {d: d - sum(1 for m in merged if m < d) for d in range(len(iterators)) if d not in merged}
-    inputs, dims = [], []
     with ir.InsertionPoint(op), op.location:
-        for value, operand_dims in zip(op.operands, maps[:-1], strict=False):
-            if first in operand_dims:
-                start = operand_dims.index(first)
-                groups = [[i] for i in range(start)] + [list(range(start, start + len(run)))]
-                groups += [[i] for i in range(start + len(run), len(operand_dims))]
-                shape = _shape(value)
-                collapsed = [ir.ShapedType.get_dynamic_size() if any(shape[i] is None for i in g)
-                             else math.prod(shape[i] for i in g) for g in groups]
-                result = ir.RankedTensorType.get(collapsed, ir.RankedTensorType(value.type).element_type)
-                value = tensor.CollapseShapeOp(result, value, [[*g] for g in groups]).result
-                operand_dims = operand_dims[:start + 1] + operand_dims[start + len(run):]
-            inputs.append(value)
-            dims.append([renumber[d] for d in operand_dims])
-    kept = ir.ArrayAttr.get([a for d, a in enumerate(ir.ArrayAttr(op.attributes["iterator_types"])) if d not in merged])
+        inputs, dims, renumber, kept = _merge_run(op, list(op.operands)[:len(maps) - 1], maps[:-1], run)
     block = op.regions[0].blocks[0]
     mul, add = list(block.operations)[:2]
     # x * x (a sum of squares: rms_norm) reads one input twice; a factor may also be a value from above
