@@ -122,8 +122,9 @@ class _ConvBlocks(nn.Module):
 def test_short_functions_of_repeated_convolution_layers_compile_each_layer_once(
         layer_ops: int, merged: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """A function far shorter than PART_OPS that repeats a layer of LAYER_OPS ops or more with a
-    convolution in it is cut between the layers, which become one function called per layer;
-    without that rule it stays whole. Both agree with eager."""
+    convolution in it is cut between the layers, and each layer between its two convolutions
+    (`partition._halves`: halves LLVM compiles in parallel): two functions called once per
+    layer each; without that rule it stays whole. Both agree with eager."""
     monkeypatch.setattr(partition, "LAYER_OPS", layer_ops)
     model, x = _randomize(_ConvBlocks().eval()), torch.randn(1, 8, 10, 10)
     program = torchtosa.to_tosa(model, x, target=None)
@@ -133,7 +134,8 @@ def test_short_functions_of_repeated_convolution_layers_compile_each_layer_once(
     partition.partition(module)
     calls = [ir.FlatSymbolRefAttr(op.attributes["callee"]).value
              for op in module.body.operations[-1].regions[0].blocks[0].operations if op.name == "func.call"]
-    assert (len(calls) == 2 and len(set(calls)) == 1) == merged and (not calls) == (not merged)
+    halves = len(calls) == 4 and calls[:2] == calls[2:] and calls[0] != calls[1]
+    assert halves == merged and (not calls) == (not merged)
     api.CACHE.clear()
     with torch.no_grad():
         torch.testing.assert_close(torchtosa.compile(model, x)(x), model(x), rtol=1e-5, atol=1e-5)

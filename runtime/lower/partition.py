@@ -21,8 +21,9 @@ A model of identical layers (a transformer's blocks, with their weights as argum
 one run of ops. `_repeat` finds the period and the stretch it covers; the function is cut at
 the same place in every repetition, and parts whose bodies come out identical become one
 function called once per layer, so the passes and LLVM's code generation see each distinct
-layer once: compile time stops growing with depth. Ops before and after the repeats are cut
-by size as before. A function shorter than that is cut into its layers too where it repeats a
+layer once: compile time stops growing with depth. Each layer is cut in two as well, at the
+same op of every layer (`_halves`), so that LLVM compiles its halves in parallel. Ops before and
+after the repeats are cut by size as before. A function shorter than that is cut into its layers too where it repeats a
 layer of LAYER_OPS or more ops with a convolution or a matmul (`_heavy_layers`). Constants, and
 reshapes or casts of constants (which CSE leaves in the first layer only), are cloned into every
 part that uses them, so the first layer's part is identical to the others; values every layer
@@ -148,15 +149,20 @@ def _split(function: ir.Operation, body: list[ir.Operation], size: int, shortest
     layers = _layer_cuts(body, crossing, blocked, shortest)  # [] or the bounds of each repetition
     repeated = set(itertools.pairwise(layers))
     spans = [(0, layers[0]), *itertools.pairwise(layers), (layers[-1], len(body))] if layers else [(0, len(body))]
+    halves = _halves(body, crossing, blocked, sorted(repeated))
     parts: list[tuple[int, int]] = []
+    layered: set[tuple[int, int]] = set()  # parts alike in every layer
     for start, end in spans:
         if (start, end) in repeated:
-            parts.append((start, end))
+            middle = halves.get(start)
+            layer = [(start, middle), (middle, end)] if middle else [(start, end)]
+            parts += layer
+            layered.update(layer)
         elif end > start:
             parts.extend(itertools.pairwise([start, *_cuts(crossing, blocked, start, end, size), end]))
     if len(parts) < 2:
         return
-    outlined = [(_outline(function, body[a:b], f"{name}__part{i}"), (a, b) in repeated)
+    outlined = [(_outline(function, body[a:b], f"{name}__part{i}"), (a, b) in layered)
                 for i, (a, b) in enumerate(parts)]
     _merge_identical(function, [callee for callee, layer in outlined if layer and callee is not None])
 
@@ -181,6 +187,31 @@ def _layer_cuts(body: list[ir.Operation], crossing: list[int], blocked: list[int
         if best is None or score < best[0]:
             best = (score, cuts)
     return best[1] if best is not None else []
+
+
+def _halves(body: list[ir.Operation], crossing: list[int], blocked: list[int],
+            layers: list[tuple[int, int]]) -> dict[int, int]:
+    """Where to cut each of the repeated `layers` (body spans) in two, at the same op of each:
+    LLVM compiles the two halves of a layer in parallel (`toolchain.machine_code`), and a layer
+    of a few heavy ops (a transformer's attention and MLP, a residual block's convolutions) was
+    the largest function of a model, compiled by one process while the other cores idled.
+
+    A cut has a heavy op (`_HEAVY`) on either side, and at least a third of the layer's ops on
+    either side if any cut can; among those, the one where the fewest values cross in the worst
+    layer (a transformer's residual stream, a convolution's input and output), then the one
+    that halves the layer most evenly. Returns {layer start: cut}; {} where no cut qualifies."""
+    if not layers:
+        return {}
+    cores = [[i for i in range(a, b) if not _constant(body[i])] for a, b in layers]
+    length = min(len(core) for core in cores)
+    heavy = [j for j in range(length) if body[cores[0][j]].name in _HEAVY]
+    allowed = [j for j in range(heavy[0] + 1, heavy[-1] + 1) if not any(blocked[core[j]] for core in cores)] \
+        if len(heavy) > 1 else []
+    even = [j for j in allowed if length // 3 <= j <= length - length // 3]
+    if not allowed:
+        return {}
+    cut = min(even or allowed, key=lambda j: (max(crossing[core[j]] for core in cores), abs(length - 2 * j), j))
+    return {a: core[cut] for (a, _), core in zip(layers, cores, strict=True)}
 
 
 def _repeat(body: list[ir.Operation], shortest: int) -> tuple[int, int, int] | None:
