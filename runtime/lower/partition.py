@@ -22,13 +22,13 @@ one run of ops. `_repeat` finds the period and the stretch it covers; the functi
 the same place in every repetition, and parts whose bodies come out identical become one
 function called once per layer, so the passes and LLVM's code generation see each distinct
 layer once: compile time stops growing with depth. Each layer is cut in two as well, at the
-same op of every layer (`_halves`), so that LLVM compiles its halves in parallel. Ops before and
-after the repeats are cut by size as before. A function shorter than that is cut into its layers too where it repeats a
-layer of LAYER_OPS or more ops with a convolution or a matmul (`_heavy_layers`). Constants, and
-reshapes or casts of constants (which CSE leaves in the first layer only), are cloned into every
-part that uses them, so the first layer's part is identical to the others; values every layer
-reads that CSE left in the first (a Llama's rotary tables, an attention mask) move before the
-layers (`_shared_first`).
+same op of every layer (`_halves`), so that LLVM compiles its halves in parallel. Ops before
+and after the repeats are cut by size as before. A function shorter than that is cut into its
+layers too where it repeats a layer of LAYER_OPS or more ops with a convolution or a matmul
+(`_heavy_layers`). Constants, and reshapes or casts of constants (which CSE leaves in the first
+layer only), are cloned into every part that uses them, so the first layer's part is identical
+to the others; values every layer reads that CSE left in the first (a Llama's rotary tables, an
+attention mask) move before the layers (`_shared_first`).
 """
 
 from __future__ import annotations
