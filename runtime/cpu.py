@@ -36,6 +36,7 @@ class Cpu:
     l2_kib: int
     int8_dot: str  # "none" or "avx512_vnni"
     vecmath: str  # libmvec's variant: "none", "avx2" or "avx512"
+    bf16_round: str  # "integer" (lower/half.py), "avx512_bf16" or "bf16": an instruction
     where: str  # "opdefs/cpus.yaml:23"
 
     @property

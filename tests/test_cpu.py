@@ -114,9 +114,10 @@ def _bf16_roundings(x: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, ...
 def test_bfloat16_roundings_run_for_every_runnable_entry(tmp_path: Path) -> None:
     """Without AVX512-BF16, LLVM calls `__truncsfbf2` / `__truncdfbf2` for f32/f64 -> bfloat16,
     which GCC's runtime lacks before GCC 13: a library of such code failed to load (every bf16
-    sample of `make test-avx2`). torchtosa compiles its own (`toolchain.BUILTINS`). Bits equal
-    to PyTorch's, NaN and infinities included; and export_library links (it forbids undefined
-    symbols) and runs."""
+    sample of `make test-avx2`). torchtosa compiles its own (`toolchain.BUILTINS`), for f64 only:
+    an entry without the instruction rounds f32 in vectors of integers (`half.round_bf16_in_integers`;
+    one call per element took 6% of a bf16 Llama's decoding step). Bits equal to PyTorch's, NaN
+    and infinities included; and export_library links (it forbids undefined symbols) and runs."""
     specials = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 3.3895e38, 1e-40, 1.00390625,
                              1.005859375])
     x = torch.cat([torch.randn(4096) * torch.exp(torch.randn(4096) * 10), specials])
@@ -130,6 +131,10 @@ def test_bfloat16_roundings_run_for_every_runnable_entry(tmp_path: Path) -> None
         assert all(_same_bits(g[compared], w[compared]) for g, w in zip(got, want, strict=True)), name
     library = torchtosa.export_library(_bf16_roundings, x, d, path=tmp_path / "libbf16.so", cpu="x86-64-v3")
     assert "__truncsfbf2" not in toolchain.undefined_symbols([library.path])
+    only_f32 = torchtosa.export_library(lambda x: x.to(torch.bfloat16) * 3, x, path=tmp_path / "libf32.so",
+                                        cpu="x86-64-v3")
+    assert "__truncsfbf2" not in toolchain.run([toolchain.llvm_tool("llvm-nm"), str(only_f32.path)])  # no call
+    assert _same_bits(run(only_f32, x)[0], x.to(torch.bfloat16) * 3)
     assert all(_same_bits(g, w) for g, w in zip(run(library, x, d), want, strict=True))
 
 
@@ -177,6 +182,7 @@ base-avx2:
   cache: {l1d: 32, l2: 256}
   int8_dot: none
   vecmath: avx2
+  bf16_round: integer
 refined:
   doc: a refinement
   base: base-avx2
@@ -194,6 +200,9 @@ CPU_MISTAKES = [
     ("vecmath-needs-features", [("[avx512f]", "[]"), ("  vecmath: avx512", "  vecmath: ‸avx512")],
      "vecmath 'avx512' needs the features ['avx512f']"),
     ("vnni-needs-features", [("  int8_dot: none", "  int8_dot: ‸avx512_vnni")], "int8_dot 'avx512_vnni' needs"),
+    ("bf16-needs-features", [("  bf16_round: integer", "  bf16_round: ‸avx512_bf16")],
+     "bf16_round 'avx512_bf16' needs the features ['avx512_bf16']"),
+    ("bf16-of-another-arch", [("  bf16_round: integer", "  bf16_round: ‸bf16")], "bf16_round 'bf16' on x86_64"),
     ("vector-bits", [("{bits: 512, registers: 32}", "{bits: 384, registers: 32}"), ("refined:", "‸refined:")],
      "vector bits 384"),
     ("missing-key", [("  cache: {l1d: 32, l2: 256}\n", ""), ("base-avx2:\n", "‸base-avx2:\n")], "lacks cache"),

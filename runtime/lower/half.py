@@ -13,6 +13,11 @@ scaling that fusion moved into the scores) are widened, so that a sum of product
 in f32 vectorizes as an f32 one does.
 Left as scalar loops, a bf16 Llama's elementwise ops took LLVM's loop vectorizer seconds to
 compile and ran slower than eager.
+
+Rounding f32 to bf16 is an instruction only with AVX512-BF16 or Arm's BF16 (the CPU entry's
+`bf16_round`); elsewhere LLVM's x86 backend calls `__truncsfbf2` once per element, which took 6%
+of a bf16 Llama's decoding step on an x86-64-v3 entry. `round_bf16_in_integers` computes it in
+vectors of integers instead, as PyTorch's CPU kernels do (`c10::BFloat16`).
 """
 
 from __future__ import annotations
@@ -93,3 +98,50 @@ def _f32_constant(constant: ir.Operation) -> ir.Value:
     """A half-precision float constant's value as an f32 constant (exact)."""
     f32 = ir.F32Type.get()
     return arith.ConstantOp(f32, ir.FloatAttr.get(f32, ir.FloatAttr(constant.attributes["value"]).value)).result
+
+
+def round_bf16_in_integers(module: ir.Module) -> None:
+    """Rewrite every `arith.truncf` of f32 (or a vector of f32) to bf16 as integer arithmetic on
+    the bits: round to nearest even (add 0x7fff plus the lowest kept bit, shift right by 16), a
+    NaN to 0x7fc0, as `c10::BFloat16` rounds."""
+    with module.context, ir.Location.unknown():
+        for op in find_ops(module, lambda op: op.name == "arith.truncf" and _f32_to_bf16(op)):
+            _round_in_integers(op)
+
+
+def _f32_to_bf16(op: ir.Operation) -> bool:
+    source, result = (_element(v.type) for v in (op.operands[0], op.results[0]))
+    return source == ir.F32Type.get() and isinstance(result, ir.BF16Type)
+
+
+def _element(t: ir.Type) -> ir.Type:
+    return ir.VectorType(t).element_type if isinstance(t, ir.VectorType) else t
+
+
+def _like(t: ir.Type, element: ir.Type) -> ir.Type:
+    """`t`'s shape (a vector's, or a scalar) with `element` type."""
+    return ir.VectorType.get(ir.VectorType(t).shape, element) if isinstance(t, ir.VectorType) else element
+
+
+def _integer(t: ir.Type, value: int) -> ir.Value:
+    """An integer constant of type `t` (a scalar, or a vector splat)."""
+    if isinstance(t, ir.VectorType):
+        element = ir.IntegerAttr.get(ir.VectorType(t).element_type, value)
+        return arith.ConstantOp(t, ir.DenseElementsAttr.get_splat(t, element)).result
+    return arith.ConstantOp(t, ir.IntegerAttr.get(t, value)).result
+
+
+def _round_in_integers(op: ir.Operation) -> None:
+    source = op.operands[0]
+    i32 = _like(source.type, ir.IntegerType.get_signless(32))
+    i16 = _like(source.type, ir.IntegerType.get_signless(16))
+    with ir.InsertionPoint(op), op.location:
+        bits = arith.BitcastOp(i32, source).result
+        kept = arith.AndIOp(arith.ShRUIOp(bits, _integer(i32, 16)).result, _integer(i32, 1)).result
+        biased = arith.AddIOp(bits, arith.AddIOp(kept, _integer(i32, 0x7FFF)).result).result
+        rounded = arith.ShRUIOp(biased, _integer(i32, 16)).result
+        nan = arith.CmpFOp(arith.CmpFPredicate.UNO, source, source).result
+        chosen = arith.SelectOp(nan, _integer(i32, 0x7FC0), rounded).result
+        result = arith.BitcastOp(op.results[0].type, arith.TruncIOp(i16, chosen).result).result
+    op.results[0].replace_all_uses_with(result)
+    op.erase()

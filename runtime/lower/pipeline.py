@@ -39,6 +39,7 @@ from . import vnni
 from .convolutions import rewrite_convolutions
 from .copies import row_copies
 from .float_int8 import fast_int8_contractions
+from .half import round_bf16_in_integers
 from .irutil import find_ops, is_sub_byte, run_passes, top_level
 from .partition import partition
 from .schedule import schedule
@@ -206,6 +207,8 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
                 _written_in_place(module)
             if stage == "llvm":
                 _reject_sub_byte_buffers(module)
+                if cpu.bf16_round == "integer":
+                    round_bf16_in_integers(module)
                 if opt != "none":
                     row_copies(module)
                     vnni.lower_calls(module)

@@ -788,10 +788,14 @@ def plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
     odd = {d for d, size in enumerate(sizes) if size & (size - 1)}
     if not odd:
         return tiling
-    if op.name != "linalg.generic" or None in _loop_sizes(op):  # not None: `_plan` tiled it
+    loops = _loop_sizes(op)
+    if op.name != "linalg.generic" or None in loops:  # not None: `_plan` tiled it
         return None
     sizes = tuple(1 << (size.bit_length() - 1) if d in odd else size for d, size in enumerate(sizes))
-    return sizes, order, tuple(sorted({*partial, *odd})), tuple(sorted({*rows, *odd}))
+    # peeled where the power of two leaves a remainder (144 in tiles of 24 -> of 16: none, and
+    # peeling a loop without one fails)
+    ragged = {d for d in odd if loops[d] % sizes[d]}
+    return sizes, order, tuple(sorted({*partial, *ragged})), tuple(sorted({*rows, *ragged}))
 
 
 def _plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
