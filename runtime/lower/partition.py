@@ -205,11 +205,12 @@ def _halves(body: list[ir.Operation], crossing: list[int], blocked: list[int],
     cores = [[i for i in range(a, b) if not _constant(body[i])] for a, b in layers]
     length = min(len(core) for core in cores)
     heavy = [j for j in range(length) if body[cores[0][j]].name in _HEAVY]
-    allowed = [j for j in range(heavy[0] + 1, heavy[-1] + 1) if not any(blocked[core[j]] for core in cores)] \
-        if len(heavy) > 1 else []
-    even = [j for j in allowed if length // 3 <= j <= length - length // 3]
+    if len(heavy) < 2:
+        return {}
+    allowed = [j for j in range(heavy[0] + 1, heavy[-1] + 1) if not any(blocked[core[j]] for core in cores)]
     if not allowed:
         return {}
+    even = [j for j in allowed if length // 3 <= j <= length - length // 3]
     cut = min(even or allowed, key=lambda j: (max(crossing[core[j]] for core in cores), abs(length - 2 * j), j))
     return {a: core[cut] for (a, _), core in zip(layers, cores, strict=True)}
 
