@@ -629,8 +629,8 @@ def _column_panels(op: ir.Operation, source: ir.Operation, tn: int, forall: bool
 
 def _row_block(op: ir.Operation, source: ir.Operation, loops: tuple[Extent, ...], sizes: tuple[int, ...],
                tiles: Tiles) -> int | None:
-    """The rows of a block of contraction `op`'s first operand for `_row_blocks`: the most, a
-    multiple of the register tile's rows dividing m, that fit in `Tiles.row_block_bytes`; None
+    """The rows of a block of contraction `op`'s first operand for `_row_blocks`: the most
+    dividing m that fit in `Tiles.row_block_bytes`, whole register tiles where m has such; None
     where blocks don't pay or apply: dynamic or f32-widened operands, one column panel, a first
     operand that fits in the L2's half anyway, a second one that doesn't (`resident_operand_bytes`),
     or a transposed one whose batch dimensions are permuted too."""
@@ -645,8 +645,9 @@ def _row_block(op: ir.Operation, source: ir.Operation, loops: tuple[Extent, ...]
     if 4 * m * k <= tiles.resident_operand_bytes or 4 * k * n > tiles.resident_operand_bytes:
         return None
     rows = sizes[batch]
-    fits = [b for b in range(rows, m, rows) if m % b == 0 and 4 * b * k <= tiles.row_block_bytes]
-    return max(fits, default=None)
+    fits = [b for b in range(rows, m) if m % b == 0 and 4 * b * k <= tiles.row_block_bytes]
+    whole = [b for b in fits if b % rows == 0]  # else each block's remainder rows are peeled (AVX2's 6 in 512)
+    return max(whole or fits, default=None)
 
 
 def _row_blocks(op: ir.Operation, source: ir.Operation, tn: int, block: int) -> None:
@@ -872,10 +873,15 @@ def _broadcast_product_to_scalar(op: ir.Operation) -> bool:
 
 def _peel_rows(n: Extent, rows: int) -> bool:
     """Whether a static number of rows `n` is better tiled by `rows` with its remainder peeled
-    (`_Remainders`) than by its largest divisor up to `rows`: when that divisor would leave at
-    most half of the register tile's rows (a 7 x 7 feature map's 49 rows with AVX2's tile of 4:
-    in tiles of 1 a 49 x 4608 x 512 matmul ran at 8.9 GF/s, 48 rows at 30)."""
-    return n is not None and n > rows and 2 * _divisor(n, rows) <= rows
+    (`_Remainders`: in tiles of the powers of two below `rows`) than by its largest divisor up to
+    `rows`: when that takes fewer register tiles. A 7 x 7 feature map's 49 rows with a tile of 4:
+    in tiles of 1 a 49 x 4608 x 512 matmul ran at 8.9 GF/s, 48 rows at 30; AVX2's 6-row tile
+    over 1024 rows (170 x 6 + 4, not 256 x 4) ran 6% faster, over a 56-pixel row (9 x 6 + 2,
+    not 14 x 4) a convolution 2% faster. An AVX-512 tile of 8 keeps 7 rows for 49 or 28 (7
+    tiles against 6 + 1, 4 against 3 + 1)."""
+    if n is None or n <= rows:
+        return False
+    return n // rows + (n % rows).bit_count() < n // _divisor(n, rows)
 
 
 def _peel_columns(n: Extent, columns: int) -> bool:
@@ -1530,11 +1536,13 @@ class _Remainders:
     def _levels(self, k: int) -> list[int]:
         d = self.partial[k]
         levels = [self.sizes[d]]
-        # a matmul's rows by halves (at most one tile of each); other loops' remainders one at a
-        # time: each level is another copy of the tile's code, nested in the last (by quarters,
-        # a dynamic BERT's compile took 33 s instead of 19, and ran no faster)
+        # a matmul's rows by the powers of two below the tile (at most one tile of each: 6 -> 4,
+        # 2, 1; by halves, a remainder of 4 rows was a tile of 3 and one of 1, and a Winograd
+        # convolution ran 3% slower); other loops' remainders one at a time: each level is another
+        # copy of the tile's code, nested in the last (by quarters, a dynamic BERT's compile took
+        # 33 s instead of 19, and ran no faster)
         while levels[-1] > 1:
-            levels.append(levels[-1] // 2 if d in self.rows else 1)
+            levels.append(1 << (levels[-1] - 1).bit_length() - 1 if d in self.rows else 1)
         return levels
 
     def dim(self, op: str, k: int) -> list[str]:

@@ -4,15 +4,21 @@ its micro-kernel shapes from the register file.
 A contraction's register tile is `rows` x `columns` f32 accumulators held in vector registers
 for the whole reduction; each step of k loads the tile's `columns` of the second operand (one
 vector per `lanes` columns), broadcasts one element of the first operand per row and issues one
-FMA per accumulator vector. Accumulators take half of the register file: the other half holds
-the loaded operand vectors, the broadcasts and what the compiler keeps in flight, so nothing
-spills (a spilled accumulator costs a load and a store per FMA, and LLVM's register allocator
-time grows with the spill code). Two vectors of columns per row keep the loads to FMAs ratio at
-(2 + rows) : 2 rows.
+FMA per accumulator vector. Accumulators take the registers the operands leave: all but the
+loaded vectors of columns and one broadcast, in whole rows, so nothing spills (a spilled
+accumulator costs a load and a store per FMA, and LLVM's register allocator time grows with
+the spill code), and at most MAX_ACCUMULATORS: sixteen FMAs in flight cover the FMA latency
+(4 cycles) of two units twice over, and a larger tile leaves longer remainders (BLIS's Haswell
+kernel is our AVX2 tile, 6 x 16; an AVX-512 tile of 14 x 32 was not measured). Two vectors of
+columns per row keep the loads to FMAs ratio at (2 + rows) : 2 rows.
 
-    AVX-512 (32 x 16 lanes): 16 accumulators = 8 rows x 2 vectors -> an 8 x 32 tile
-    AVX2    (16 x  8 lanes):  8 accumulators = 4 rows x 2 vectors -> a 4 x 16 tile
-    NEON    (32 x  4 lanes): 16 accumulators = 8 rows x 2 vectors -> an 8 x 8 tile
+    AVX-512 (32 x 16 lanes): min(32 - 3, 16) = 16 accumulators: 8 rows x 2 vectors, an 8 x 32 tile
+    AVX2    (16 x  8 lanes): 16 - 3 = 13 -> 12 accumulators:     6 rows x 2 vectors, a 6 x 16 tile
+    NEON    (32 x  4 lanes): min(32 - 3, 16) = 16 accumulators: 8 rows x 2 vectors, an 8 x 8 tile
+
+AVX2's tile had half of the registers before (4 x 16: 8 accumulators, exactly the FMAs in
+flight, no slack): it ran a 1024^3 matmul 6% slower than 6 x 16 with the remainder rows
+peeled (`schedule._peel_rows`), ResNet-50 and ConvNeXt-T 4% slower.
 
 A direct convolution reads a packed panel of its filter (every tap and input channel, one
 column tile of output channels) once per register tile of output pixels; up to half of the L2
@@ -28,11 +34,11 @@ once and the rows are walked in blocks of a quarter of the L2 (`row_block_bytes`
 every panel passing over a block while it stays in the L2 (`schedule._row_blocks`).
 
 A vector-matrix product (one row: a decoding step's nn.Linear) reads the weight along k, its
-rows contiguous, as dot products: the same accumulators hold DOT_COLUMNS output columns x a
-chunk of k each, summed across lanes once k is done (64 of k with AVX-512, 16 with AVX2). A
-matrix larger than the L2 cache (`streamed_matrix_bytes`) comes from memory: its DOT_COLUMNS
-columns are then rows far apart, read as that many sequential streams
-(`schedule._interleave_streams`).
+rows contiguous, as dot products: half of the registers hold DOT_COLUMNS output columns x a
+chunk of k each (the other half the rows' and the vector's loads), summed across lanes once k is
+done (64 of k with AVX-512, 16 with AVX2). A matrix larger than the L2 cache
+(`streamed_matrix_bytes`) comes from memory: its DOT_COLUMNS columns are then rows far apart,
+read as that many sequential streams (`schedule._interleave_streams`).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from ..cpu import Cpu, select
 COLUMN_VECTORS = 2  # vectors of columns per row of a register tile
 DOT_COLUMNS = 4  # output columns of a vector-matrix product's register tile
 OTHER_OPS_VECTORS = 4  # vectors of the innermost tile of elementwise ops and reductions
+MAX_ACCUMULATORS = 16  # vector registers of a register tile's accumulators, at most
 
 
 @dataclass(frozen=True)
@@ -65,9 +72,9 @@ class Tiles:
 def derive(cpu: Cpu) -> Tiles:
     """The tiles for `cpu` (see the module docstring)."""
     lanes = cpu.lanes
-    accumulators = cpu.vector_registers // 2
+    accumulators = min(cpu.vector_registers - COLUMN_VECTORS - 1, MAX_ACCUMULATORS)
     register_tile = (accumulators // COLUMN_VECTORS, COLUMN_VECTORS * lanes)
-    dot = (DOT_COLUMNS, accumulators // DOT_COLUMNS * lanes)
+    dot = (DOT_COLUMNS, cpu.vector_registers // 2 // DOT_COLUMNS * lanes)
     return Tiles(lanes=lanes, matmul=register_tile, depthwise=register_tile, vector=OTHER_OPS_VECTORS * lanes,
                  transpose=lanes, dot=dot, direct_filter_bytes=cpu.l2_kib * 1024 // 2,
                  resident_operand_bytes=cpu.l2_kib * 1024 // 2, row_block_bytes=cpu.l2_kib * 1024 // 4,
