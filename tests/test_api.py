@@ -21,6 +21,7 @@ import torchtosa
 import torchtosa._generated
 from torchtosa import InputMismatch, TorchTosaError, Unsupported
 from torchtosa.api import CACHE
+from torchtosa.execute.native import NativeFunction
 from torchtosa.importer import registry as registry_module
 from torchtosa.regions import NativeRegion, WriteBack
 
@@ -237,6 +238,71 @@ def test_noncontiguous_inputs(compiled_foo: torchtosa.CompiledFunction) -> None:
         assert not x.is_contiguous()
         torch.testing.assert_close(compiled_foo(x, y), foo(x, y))
         torch.testing.assert_close(compiled_foo(y, x), foo(y, x))
+
+
+def test_torch_compile_takes_a_transposed_input_as_stored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A permuted input (a transposed weight) reaches native code as the contiguous memory it
+    views, permuted back inside the graph (`layouts.permute_inputs`), not copied; the same
+    compiled graph given a contiguous tensor copies it and is right too."""
+    received: list[torch.Tensor] = []
+    native_call = NativeFunction.__call__
+
+    def recording(self: NativeFunction, *args: torch.Tensor) -> list[torch.Tensor]:
+        received.extend(args)
+        return native_call(self, *args)
+
+    monkeypatch.setattr(NativeFunction, "__call__", recording)
+
+    def affine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a @ b + 1
+
+    torch._dynamo.reset()
+    compiled = torch.compile(affine, backend="torchtosa")
+    a, w = torch.randn(8, 12), torch.randn(20, 12)
+    torch.testing.assert_close(compiled(a, w.t()), affine(a, w.t()))
+    assert [r.shape for r in received] == [(8, 12), (20, 12)] and received[1].data_ptr() == w.data_ptr()
+    b = torch.randn(12, 20)
+    torch.testing.assert_close(compiled(a, b), affine(a, b))
+    torch._dynamo.reset()
+
+
+def test_torch_compile_updates_a_transposed_input_in_place() -> None:
+    """A permuted input the graph writes into stays as it is (the write goes to its memory)."""
+    def bump(x: torch.Tensor) -> torch.Tensor:
+        x.add_(1)
+        return x * 2
+
+    torch._dynamo.reset()
+    w = torch.randn(6, 4)
+    want_w = w.clone()
+    want = bump(want_w.t())
+    got = torch.compile(bump, backend="torchtosa")(w.t())
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(w, want_w)
+    torch._dynamo.reset()
+
+
+def test_torch_compile_outputs_that_are_views_of_inputs_are_views() -> None:
+    """Outputs that are an input, views of one or another output again are PyTorch's views and
+    the same tensor (`layouts.split_alias_outputs`); a graph of nothing else compiles nothing."""
+    def views(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x.t(), x.unsqueeze(0)
+
+    def mixed(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = torch.relu(x)
+        return y, x.t(), y
+
+    torch._dynamo.reset()
+    x = torch.randn(3, 5)
+    for fn in (views, mixed):
+        got = torch.compile(fn, backend="torchtosa")(x)
+        for g, w in zip(got, fn(x), strict=True):
+            torch.testing.assert_close(g, w)
+    got = torch.compile(views, backend="torchtosa")(x)
+    assert all(g.data_ptr() == x.data_ptr() for g in got)
+    y, xt, again = torch.compile(mixed, backend="torchtosa")(x)
+    assert xt.data_ptr() == x.data_ptr() and again is y
+    torch._dynamo.reset()
 
 
 def test_zero_size_inputs_are_a_clear_error_in_strict_mode_and_run_eagerly_otherwise() -> None:

@@ -255,6 +255,44 @@ def test_twenty_steps_match_eager(name: str, monkeypatch: pytest.MonkeyPatch) ->
     torch._dynamo.reset()
 
 
+def test_saved_views_of_weights_are_not_copied(monkeypatch: pytest.MonkeyPatch) -> None:
+    """AOTAutograd's forward graph saves each weight transposed for backward, and returns its
+    input and relu's output twice: native code writes only the graph's own results (the saved
+    views are PyTorch's views of the inputs, `layouts.split_alias_outputs`), and the backward
+    graph takes the transposed weight in its memory's order (`layouts.permute_inputs`), so no
+    native call gets an argument it must copy to contiguous. Losses equal eager's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 48), nn.ReLU(), nn.Linear(48, 8))
+    reference = copy.deepcopy(model)
+    x, target = torch.randn(4, 16), torch.randn(4, 8)
+    calls: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
+    native_call = NativeFunction.__call__
+
+    def recording(self: NativeFunction, *args: torch.Tensor) -> list[torch.Tensor]:
+        outputs = native_call(self, *args)
+        calls.append((list(args), list(outputs)))
+        return outputs
+
+    monkeypatch.setattr(NativeFunction, "__call__", recording)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="torchtosa")
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference)]
+    for _ in range(3):
+        losses = []
+        for m, optimizer in zip((compiled, reference), optimizers, strict=True):
+            optimizer.zero_grad()
+            loss = F.mse_loss(m(x), target)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss)
+        torch.testing.assert_close(losses[0], losses[1], rtol=1e-6, atol=1e-7)
+    forward, backward = calls[0], calls[1]
+    assert sorted(o.shape for o in forward[1]) == [(4, 8), (4, 48)]  # the output and relu's, once each
+    assert any(a.shape == (8, 48) for a in backward[0])  # the second weight transposed, taken as stored
+    assert all(a.is_contiguous() for args, _ in calls for a in args if isinstance(a, torch.Tensor))
+    torch._dynamo.reset()
+
+
 # ---------------------------------------------------------------- torchtosa.compile with autograd
 
 

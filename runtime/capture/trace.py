@@ -34,7 +34,7 @@ from torch.fx.experimental.symbolic_shapes import has_free_symbols
 
 from ..errors import InvalidInput, TorchTosaError, Unsupported
 from ..options import Options
-from . import resizes
+from . import layouts, resizes
 from .decompositions import DECOMPOSITIONS
 from .outline import inline_subgraphs, outlined, repeated_layers
 
@@ -211,16 +211,23 @@ def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]
             _check_graph(gm, static=False)
         _simplify(gm.graph)
         constants = _constant_outputs(gm)
+        aliases = layouts.split_alias_outputs(gm)
         gm.recompile()
         compiled: Callable[..., Any] | None = None
+        orders: list[tuple[int, ...] | None] = []
 
         def run(args: list[Any]) -> Any:
-            nonlocal compiled
+            nonlocal compiled, orders
             if compiled is None:
+                orders = layouts.permute_inputs(gm, args)
+                example = layouts.permuted(args, orders)
                 out_spec = pytree.tree_flatten(tuple(gm.graph.output_node().args[0]))[1]
-                in_spec = pytree.tree_flatten((tuple(args), {}))[1]
-                compiled = compile_graph(Captured(gm, [], list(args), in_spec, out_spec, graph=name), options)
-            outputs = compiled(*args)
+                in_spec = pytree.tree_flatten((tuple(example), {}))[1]
+                compiled = _compile_or_nothing(compile_graph, Captured(gm, [], example, in_spec, out_spec, graph=name),
+                                               options)
+            outputs = compiled(*layouts.permuted(args, orders))
+            if aliases is not None:
+                outputs = aliases.rebuild(args, list(outputs))
             if not constants:
                 return outputs
             outputs = list(outputs)
@@ -257,6 +264,15 @@ def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]
             )
 
     return backend
+
+
+def _compile_or_nothing(compile_graph: Callable[[Captured, Options], Callable[..., Any]], captured: Captured,
+                        options: Options) -> Callable[..., Any]:
+    """`compile_graph(captured, options)`, unless the graph has no outputs left to compute (every
+    one an input, a view of one or a constant)."""
+    if not captured.gm.graph.output_node().args[0]:
+        return lambda *args: []
+    return compile_graph(captured, options)
 
 
 def _constant_outputs(gm: fx.GraphModule) -> list[tuple[int, Any]]:
