@@ -93,12 +93,15 @@ def optimize(ir_file: Path, out: Path, cpu: Cpu) -> None:
     run([llvm_tool("opt"), "-O3", *target_flags(cpu), str(ir_file), "-o", str(out)], what="opt")
 
 
-# llc's options besides the target's: no post-register-allocation list scheduling, which the Zen
-# entries' scheduling models turn on. Every entry of the CPU table is an out-of-order core, and it
-# took a fifth of llc's time on the long blocks of unrolled micro-kernels (r3d_18's Winograd
-# convolutions: 0.29 of 1.30 s) for no measured change in run time (ResNet-50, ConvNeXt-T,
-# BERT, the conv block, MLP and matmul of `make bench`, Zen 4).
-LLC_FLAGS = ("-O3", "-post-RA-scheduler=false", "-relocation-model=pic", "-filetype=obj")
+# llc's options besides the target's: no instruction scheduling, neither after register
+# allocation (which the Zen entries' scheduling models turn on) nor before it (the machine
+# scheduler). Every entry of the CPU table is an out-of-order core, and on the long blocks of
+# unrolled micro-kernels they took a fifth (post-RA: r3d_18's Winograd convolutions, 0.29 of
+# 1.30 s) and then a third (pre-RA: 0.43 of 1.42 s) of llc's time, for no measured change in run
+# time: interleaved medians, fresh caches, one thread, within -2.1% and +1.6% on r3d_18, the
+# encoder layer, BERT, ResNet-50, ConvNeXt-T, MobileNetV2, matmul, MLP, conv block and decode
+# linear, Zen 4 code and x86-64-v3 code. r3d_18's compile: 2.51 -> 2.31 s (x86-64-v3, new process).
+LLC_FLAGS = ("-O3", "-post-RA-scheduler=false", "-enable-misched=false", "-relocation-model=pic", "-filetype=obj")
 
 
 def compile_object(bitcode: Path, out: Path, cpu: Cpu) -> None:
