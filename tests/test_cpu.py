@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -33,13 +34,24 @@ def _matmul_exp(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.exp(torch.tanh(a @ b)) + b.sum(0)
 
 
-def _lowered(cpu: cpus.Cpu) -> tuple[torchtosa.Program, object]:
-    """`_matmul_exp`'s TOSA program, and its module lowered to the LLVM dialect for `cpu`."""
-    a, b = torch.randn(16, 40), torch.randn(40, 64)
-    program = torchtosa.to_tosa(_matmul_exp, a, b, target=None)
+def _lowered(cpu: cpus.Cpu, fn: Any = _matmul_exp, args: tuple[torch.Tensor, ...] | None = None
+             ) -> tuple[torchtosa.Program, object]:
+    """`fn`'s TOSA program (`_matmul_exp` of a 16 x 40 and a 40 x 64 matrix unless said), and its
+    module lowered to the LLVM dialect for `cpu`."""
+    args = args or (torch.randn(16, 40), torch.randn(40, 64))
+    program = torchtosa.to_tosa(fn, *args, target=None)
     module = native._prepare(program.module, "forward", tuple(program.inputs), tuple(program.outputs))
     pipeline.lower(module, "default", cpu=cpu)
     return program, module
+
+
+def _llc(cpu: cpus.Cpu, module: object, folder: Path, filetype: str) -> Path:
+    """`module` compiled by llc -O3 for `cpu`'s triple and LLVM CPU: an object file or assembly."""
+    (folder / "k.ll").write_text(toolchain.llvm_ir(module))
+    out = folder / ("k.o" if filetype == "obj" else "k.s")
+    toolchain.run([toolchain.llvm_tool("llc"), "-O3", f"-mtriple={toolchain.TRIPLES[cpu.arch]}",
+                   f"-mcpu={cpu.llvm_cpu}", f"-filetype={filetype}", str(folder / "k.ll"), "-o", str(out)])
+    return out
 
 
 def _disassembly(obj: Path) -> str:
@@ -151,11 +163,8 @@ def test_every_entry_compiles(name: str, tmp_path: Path) -> None:
     instruction selection hold for targets this machine can't run."""
     c = TABLE[name]
     _, module = _lowered(c)
-    (tmp_path / "k.ll").write_text(toolchain.llvm_ir(module))
-    triple = {"x86_64": "x86_64-unknown-linux-gnu", "aarch64": "aarch64-unknown-linux-gnu"}[c.arch]
-    toolchain.run([toolchain.llvm_tool("llc"), "-O3", f"-mtriple={triple}", f"-mcpu={c.llvm_cpu}",
-                   "-filetype=obj", str(tmp_path / "k.ll"), "-o", str(tmp_path / "k.o")])
-    asm, calls = _disassembly(tmp_path / "k.o"), toolchain.undefined_symbols([tmp_path / "k.o"])
+    obj = _llc(c, module, tmp_path, "obj")
+    asm, calls = _disassembly(obj), toolchain.undefined_symbols([obj])
     assert ("_ZGVeN16v_expf" in calls, "_ZGVdN8v_expf" in calls) == (c.vecmath == "avx512", c.vecmath == "avx2")
     if c.arch == "x86_64":
         assert ("%zmm" in asm) == (c.vector_bits == 512)
@@ -169,17 +178,11 @@ def test_register_tiles_do_not_spill(name: str, tmp_path: Path) -> None:
     nor reloads a register: the tile's accumulators, its loaded columns and a broadcast fit the
     register file as `tiles.derive` counts them (an 8 x 16 tile on AVX2 spilled in that loop)."""
     c = TABLE[name]
-    a, b = torch.randn(96, 256), torch.randn(256, 128)  # whole tiles of 6 and 8 rows, 16 and 32 columns
-    program = torchtosa.to_tosa(torch.mm, a, b, target=None)
-    module = native._prepare(program.module, "forward", tuple(program.inputs), tuple(program.outputs))
-    pipeline.lower(module, "default", cpu=c)
-    (tmp_path / "k.ll").write_text(toolchain.llvm_ir(module))
-    triple = {"x86_64": "x86_64-unknown-linux-gnu", "aarch64": "aarch64-unknown-linux-gnu"}[c.arch]
-    toolchain.run([toolchain.llvm_tool("llc"), "-O3", f"-mtriple={triple}", f"-mcpu={c.llvm_cpu}",
-                   "-filetype=asm", str(tmp_path / "k.ll"), "-o", str(tmp_path / "k.s")])
+    # whole tiles of 6 and 8 rows, 16 and 32 columns
+    _, module = _lowered(c, torch.mm, (torch.randn(96, 256), torch.randn(256, 128)))
     blocks: dict[str, list[str]] = {}
     label = ""
-    for line in (tmp_path / "k.s").read_text().splitlines():
+    for line in _llc(c, module, tmp_path, "asm").read_text().splitlines():
         if re.match(r"^[.\w]+:", line):
             label = line.split(":")[0]
         blocks.setdefault(label, []).append(line)

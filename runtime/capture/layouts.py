@@ -32,10 +32,9 @@ VIEWS = {aten.permute.default, aten.t.default, aten.transpose.int, aten.view.def
 @dataclass(frozen=True)
 class Aliases:
     """How to rebuild a graph's outputs from the outputs native code returns: per position,
-    ("native", k), ("again", earlier position) or ("view", chain of view nodes from an input)."""
+    ("native", k), ("again", earlier position) or ("view", (argument index, view nodes))."""
 
     recipe: tuple[tuple[str, Any], ...]
-    inputs: tuple[fx.Node, ...]  # the graph's placeholders, in argument order
 
     def rebuild(self, args: list[Any], native: list[Any]) -> list[Any]:
         """The graph's outputs from its arguments and the native outputs."""
@@ -46,7 +45,8 @@ class Aliases:
             elif kind == "again":
                 outputs.append(outputs[what])
             else:
-                outputs.append(_run_views(what, args[self.inputs.index(what[0])]))
+                index, views = what
+                outputs.append(_run_views(views, args[index]))
         return outputs
 
 
@@ -64,7 +64,7 @@ def split_alias_outputs(gm: fx.GraphModule) -> Aliases | None:
         if node in first:
             recipe.append(("again", first[node]))
         elif chain is not None:
-            recipe.append(("view", chain))
+            recipe.append(("view", (inputs.index(chain[0]), chain[1:])))
         else:
             recipe.append(("native", len(kept)))
             kept.append(node)
@@ -72,13 +72,13 @@ def split_alias_outputs(gm: fx.GraphModule) -> Aliases | None:
     if len(kept) == len(outs):
         return None
     output.args = (tuple(kept),)
-    for kind, chain in recipe:
+    for kind, what in recipe:
         if kind == "view":
-            for node in reversed(chain[1:]):
+            for node in reversed(what[1]):
                 if not node.users:
                     gm.graph.erase_node(node)
     gm.graph.lint()
-    return Aliases(tuple(recipe), inputs)
+    return Aliases(tuple(recipe))
 
 
 def _view_chain(node: fx.Node) -> tuple[fx.Node, ...] | None:
@@ -89,17 +89,17 @@ def _view_chain(node: fx.Node) -> tuple[fx.Node, ...] | None:
     return tuple(reversed(chain)) if chain[-1].op == "placeholder" else None
 
 
-def _run_views(chain: tuple[fx.Node, ...], value: Any) -> Any:
-    for node in chain[1:]:
+def _run_views(views: tuple[fx.Node, ...], value: Any) -> Any:
+    for node in views:
         value = node.target(value, *node.args[1:], **node.kwargs)
     return value
 
 
-def permute_inputs(gm: fx.GraphModule, args: list[Any]) -> list[tuple[int, ...] | None]:
+def permute_inputs(gm: fx.GraphModule, args: list[Any]) -> list[tuple[int, ...] | None] | None:
     """For each argument: the order of its dims that makes it contiguous, where it is a
-    non-contiguous permutation of contiguous memory and not written in place (else None). The
-    graph then takes it in that order: its placeholder is given that shape and permuted back
-    where it is used."""
+    non-contiguous permutation of contiguous memory and not written in place (else None); None
+    if no argument is. The graph then takes it in that order: its placeholder is given that shape
+    and permuted back where it is used."""
     orders: list[tuple[int, ...] | None] = []
     placeholders = gm.graph.find_nodes(op="placeholder")
     for node, arg in zip(placeholders, args, strict=True):
@@ -115,6 +115,8 @@ def permute_inputs(gm: fx.GraphModule, args: list[Any]) -> list[tuple[int, ...] 
         if isinstance(val, torch.Tensor):
             node.meta["val"] = val.permute(order)
             back.meta["val"] = val
+    if not any(orders):
+        return None
     gm.graph.lint()
     gm.recompile()
     return orders
@@ -138,6 +140,8 @@ def _contiguous_order(arg: Any) -> tuple[int, ...] | None:
     return order if arg.permute(order).is_contiguous() else None
 
 
-def permuted(args: list[Any], orders: list[tuple[int, ...] | None]) -> list[Any]:
+def permuted(args: list[Any], orders: list[tuple[int, ...] | None] | None) -> list[Any]:
     """`args`, each with an order taken in it (a contiguous view where it arrives as traced)."""
+    if orders is None:
+        return args
     return [a if order is None else a.permute(order) for a, order in zip(args, orders, strict=True)]

@@ -214,13 +214,13 @@ def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]
         aliases = layouts.split_alias_outputs(gm)
         gm.recompile()
         compiled: Callable[..., Any] | None = None
-        orders: list[tuple[int, ...] | None] = []
+        orders: list[tuple[int, ...] | None] | None = None
 
         def run(args: list[Any]) -> Any:
             nonlocal compiled, orders
             if compiled is None:
                 orders = layouts.permute_inputs(gm, args)
-                example = layouts.permuted(args, orders)
+                example = list(layouts.permuted(args, orders))
                 out_spec = pytree.tree_flatten(tuple(gm.graph.output_node().args[0]))[1]
                 in_spec = pytree.tree_flatten((tuple(example), {}))[1]
                 compiled = _compile_or_nothing(compile_graph, Captured(gm, [], example, in_spec, out_spec, graph=name),
