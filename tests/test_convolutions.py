@@ -21,7 +21,7 @@ import torchtosa
 from torchtosa.cpu import select
 from torchtosa.lower import convolutions, copies, partition, tiles, winograd
 from torchtosa.lower.irutil import find_ops
-from torchtosa.lower.schedule import _lanes_divisor, pack_panels, plans
+from torchtosa.lower.schedule import _divisor, _lanes_divisor, pack_panels, plans
 from torchtosa.lower.sink import sink_transposes
 
 
@@ -192,6 +192,27 @@ def test_narrow_channel_counts_get_power_of_two_column_tiles(conv: nn.Module, co
                if op.name in ("linalg.matmul", "linalg.conv_2d_nhwc_fhwc")]
     assert planned and all(sizes[-4 if name.startswith("linalg.conv") else 1] == columns for name, sizes in planned)
     _check(conv, x)
+
+
+@pytest.mark.parametrize(("batch", "size", "padding"), [(16, 12, 1), (12, 9, 0), (3, 10, 1)])
+def test_weight_gradients_take_register_rows_from_the_batch(batch: int, size: int, padding: int) -> None:
+    """A weight gradient as AOTAutograd writes it, the forward's input channels (the batch)
+    convolved with the output gradient (a filter the size of the image) into a few output
+    pixels, gets its register tile's rows from the batch when that gives more of them than the
+    output width (`schedule._batch_rows`: a conv block's backward ran 20% faster), else from the
+    width as before; the result agrees with eager's."""
+    x, g = torch.randn(batch, 4, size, size), torch.randn(24, 4, size + 2 * padding - 2, size + 2 * padding - 2)
+
+    def wgrad(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.conv2d(x, g, padding=padding)
+
+    rows = tiles.derive(select()).matmul[0]
+    [sizes] = [t[0] for op, t in plans(_linalg(wgrad, x, g, stop_before="schedule"))
+               if op.name.startswith("linalg.conv_2d")]
+    by_batch = _divisor(batch, rows)  # 3 output pixels a row
+    assert (sizes[0], sizes[2]) == ((by_batch, 1) if by_batch > 3 else (1, 3))
+    got = torchtosa.compile(wgrad, x, g, fallback="error")(x, g)
+    torch.testing.assert_close(got, wgrad(x, g), rtol=1e-4, atol=1e-4)
 
 
 def test_partition_boundaries_stay_channels_last(monkeypatch: pytest.MonkeyPatch) -> None:

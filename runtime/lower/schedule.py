@@ -814,7 +814,9 @@ def _plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
     rows, columns = t.matmul
     order = list(range(len(loops)))
     if op.name in _DENSE:  # a dynamic output width gets tiles of 1 (no masked 1-D convolutions)
-        _, _, ow, f, _, _, _ = loops
+        n, _, ow, f, _, _, _ = loops
+        if _batch_rows(n, ow, rows):
+            return (_divisor(n, rows), 1, 1, _column_divisor(f, columns), 1, 1, 1), tuple(order), (), ()
         sizes = (1, 1, 1 if ow is None else _divisor(ow, rows), _column_divisor(f, columns), 1, 1, 1)
         if _peel_rows(ow, rows):  # rows of the output width: the remainder peeled, as a matmul's
             return (1, 1, rows, *sizes[3:]), tuple(order), (2,), (2,)
@@ -882,6 +884,17 @@ def _peel_rows(n: Extent, rows: int) -> bool:
     if n is None or n <= rows:
         return False
     return n // rows + (n % rows).bit_count() < n // _divisor(n, rows)
+
+
+def _batch_rows(n: Extent, ow: Extent, rows: int) -> bool:
+    """Whether a 2-D convolution's register tile takes its rows from the batch (one output pixel
+    of `n` images) rather than the output width: when the batch gives more of them. A weight
+    gradient is such a convolution: AOTAutograd writes it as the forward's input channels (the
+    batch) convolved with the output gradient as a filter the size of the image, into 3 x 3
+    outputs; 3 rows of a width left 10 of AVX-512's 16 accumulators unused."""
+    if n is None or ow is None:
+        return False
+    return _divisor(n, rows) > (rows if _peel_rows(ow, rows) else _divisor(ow, rows))
 
 
 def _peel_columns(n: Extent, columns: int) -> bool:
