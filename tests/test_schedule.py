@@ -28,6 +28,7 @@ from torchtosa.lower.contractions import fold_transposes, sum_of_products
 from torchtosa.lower.irutil import context, find_ops
 from torchtosa.lower.schedule import _column_divisor, _divisor, _peel_rows, collapse_reductions, plan
 from torchtosa.lower.tiles import derive
+from torchtosa.lower.zero_init import zero_accumulators
 
 
 def _linalg(fn: Any, *args: torch.Tensor, opt: str = "default", stop_before: str | None = "bufferize") -> ir.Module:
@@ -688,3 +689,49 @@ def test_large_head_projections_read_their_rows_as_streams(dtype: torch.dtype) -
     expected = (x.float() @ w.float().t()).to(dtype).view(1, 1, heads, n // heads).transpose(1, 2)
     torch.testing.assert_close(torchtosa.compile(project, x, w)(x, w), expected,
                                **({"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {}))
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(512, 64, 256), (37, 5, 40), (64, 300, 96)])
+def test_contractions_start_from_zero_in_registers(m: int, k: int, n: int) -> None:
+    """A contraction's zero fill is gone (`zero_init`): no loop writes zeros into its output
+    (a [512 x 64] x [64 x 2048] weight gradient's fill and read-back of 4 MiB took 0.3 of its
+    1.6 ms), its register tiles' accumulators start from zero vectors, and it equals eager's."""
+    a, b = torch.randn(k, m), torch.randn(k, n)
+
+    def weight_gradient(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a.t() @ b
+
+    module = _linalg(weight_gradient, a, b)
+    writes = find_ops(module, lambda op: op.name == "vector.transfer_write")
+    assert writes and not any(isinstance(w.operands[0], ir.OpResult) and w.operands[0].owner.name == "arith.constant"
+                              for w in writes)
+    starts = [v for loop in find_ops(module, lambda op: op.name == "scf.for") for v in list(loop.operands)[3:]
+              if isinstance(v.type, ir.VectorType)]
+    assert starts and all(v.owner.name == "arith.constant" for v in starts)
+    assert "bufferization.alloc_tensor" not in _ops(module)
+    torch.testing.assert_close(torchtosa.compile(weight_gradient, a, b)(a, b), weight_gradient(a, b))
+
+
+def test_a_tensor_of_a_dropped_fill_read_elsewhere_gets_its_fill_back() -> None:
+    """`zero_init.zero_accumulators` replaces only the reads that start a loop's accumulators;
+    any other read of the undefined tensor (none the schedule makes) gets a zero fill again,
+    so a change elsewhere can make code slower, never wrong."""
+    with context():
+        module = ir.Module.parse("""
+        func.func @f(%x: vector<4xf32>) -> tensor<8xf32> {
+          %c0 = arith.constant 0 : index
+          %c1 = arith.constant 1 : index
+          %c2 = arith.constant 2 : index
+          %pad = arith.constant 0.0 : f32
+          %t = bufferization.alloc_tensor() : tensor<8xf32>
+          %r = scf.for %i = %c0 to %c2 step %c1 iter_args(%acc = %t) -> (tensor<8xf32>) {
+            %v = vector.transfer_read %acc[%c0], %pad {in_bounds = [true]} : tensor<8xf32>, vector<4xf32>
+            %s = arith.addf %v, %x : vector<4xf32>
+            %w = vector.transfer_write %s, %acc[%c0] {in_bounds = [true]} : vector<4xf32>, tensor<8xf32>
+            scf.yield %w : tensor<8xf32>
+          }
+          return %r : tensor<8xf32>
+        }""")
+        zero_accumulators(module)
+        names = _ops(module)
+    assert "linalg.fill" in names and "vector.transfer_read" in names and "bufferization.alloc_tensor" not in names

@@ -78,6 +78,7 @@ from .irutil import collapse, dims_map, expand, find_ops, map_dims, run_passes
 from .irutil import tensor_dim as _dim
 from .irutil import tensor_shape as _shape
 from .tiles import Tiles, derive
+from .zero_init import drop_zero_fills, zero_accumulators
 
 _CONTRACTIONS = {"linalg.batch_matmul": 1, "linalg.matmul": 0}  # op -> number of batch loops
 _DENSE = (_CONV, _CONV_HWCF)  # 2-D convolutions: loops (n, oh, ow, f, kh, kw, c)
@@ -175,6 +176,10 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
     pack_panels(module, parallel, tiles)
     interleave_streams(module, tiles)
     chunks = threads() if parallel else 1
+    if chunks == 1:  # contractions of whole register tiles start from zero in registers
+        with module.context, ir.Location.unknown():
+            drop_zero_fills([op for op, _ in plans(module, tiles) if op.name not in _DECOMPOSED
+                             and _dot_loops(op) is None and _matmul_loops(op) is not None])
     groups: dict[Key, list[ir.Operation]] = {}
     for op, tiling in plans(module, tiles):
         with blaming(op):
@@ -206,6 +211,7 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
                 op.erase()
         del module.operation.attributes["transform.with_named_sequence"]
         _drop_tile_attrs(module)
+    zero_accumulators(module)
     inline_single_iterations(module)
     # canonicalize drops the loop-carried values that hoisting leaves unchanged, which
     # bufferization would otherwise resolve with a buffer copy per tile
