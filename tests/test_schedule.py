@@ -709,7 +709,9 @@ def test_contractions_start_from_zero_in_registers(m: int, k: int, n: int) -> No
               if isinstance(v.type, ir.VectorType)]
     assert starts and all(v.owner.name == "arith.constant" for v in starts)
     assert "bufferization.alloc_tensor" not in _ops(module)
-    torch.testing.assert_close(torchtosa.compile(weight_gradient, a, b)(a, b), weight_gradient(a, b))
+    # sums of up to 300 products in another order than eager's (MKL's AVX2 kernel's too)
+    torch.testing.assert_close(torchtosa.compile(weight_gradient, a, b)(a, b), weight_gradient(a, b),
+                               rtol=1e-4, atol=1e-4)
 
 
 def test_a_tensor_of_a_dropped_fill_read_elsewhere_gets_its_fill_back() -> None:
