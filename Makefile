@@ -116,12 +116,18 @@ AVX2_ONLY := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUC
 test-avx2: lint $(TOOLS_STAMP) $(VELA_STAMP) $(MODELS_STAMP) cross-tools
 	$(AVX2_ONLY) $(PY) -m pytest -q -n auto -p no:cacheprovider tests
 
-bench: $(GEN) ethos-u
+# IREE, the bench's third peer (pyproject's `iree` extra), into the venv
+IREE_STAMP := $(VENV)/.installed-iree-3.13.0
+$(IREE_STAMP): | $(STAMP)
+	$(PY) -m pip install -q -e ".[iree]"
+	touch $@
+
+bench: $(GEN) $(IREE_STAMP) ethos-u
 	$(PY) scripts/bench.py
 
 # make bench as an AVX2-only host sees it (eager limited, native code for x86-64-v3), into a file
 # of its own; on an AVX2 host, make bench is this already
-bench-avx2: $(GEN)
+bench-avx2: $(GEN) $(IREE_STAMP)
 	$(AVX2_ONLY) $(PY) scripts/bench.py --doc docs/benchmarks-x86-64-v3.md $(BENCH_ARGS)
 
 coverage: $(GEN)
