@@ -176,10 +176,9 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
     pack_panels(module, parallel, tiles)
     interleave_streams(module, tiles)
     chunks = threads() if parallel else 1
-    if chunks == 1:  # contractions of whole register tiles start from zero in registers
+    if chunks == 1:  # contractions of register tiles start from zero in registers
         with module.context, ir.Location.unknown():
-            drop_zero_fills([op for op, _ in plans(module, tiles) if op.name not in _DECOMPOSED
-                             and _dot_loops(op) is None and _matmul_loops(op) is not None])
+            drop_zero_fills(_register_tiled_contractions(module, tiles))
     groups: dict[Key, list[ir.Operation]] = {}
     for op, tiling in plans(module, tiles):
         with blaming(op):
@@ -779,6 +778,18 @@ def plans(module: ir.Module, tiles: Tiles | None = None) -> list[tuple[ir.Operat
 
     module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
     return found
+
+
+def _register_tiled_contractions(module: ir.Module, tiles: Tiles) -> list[ir.Operation]:
+    """The contractions of `module` that `plan` tiles as register tiles (not convolutions, not
+    dot forms), planned alone rather than with every op as `plans` does."""
+    def tiled(op: ir.Operation) -> bool:
+        if op.name in _DECOMPOSED or _matmul_loops(op) is None or _dot_loops(op) is not None:
+            return False
+        with blaming(op):
+            return plan(op, tiles) is not None
+
+    return find_ops(module, tiled)
 
 
 def plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:

@@ -6,9 +6,9 @@ is short (a weight gradient's k is the batch) those two passes over the output c
 the multiply-adds: a [512 x 64] x [64 x 2048] product's 4 MiB output, one thread, 1.57 ms
 against MKL's 0.90. Every register tile of a scheduled contraction is visited once, so its
 accumulators are read before anything is written there: `drop_zero_fills` gives such a
-contraction its fill's empty tensor instead (a tile then reads undefined values), and once the
-tiles are vectorized, `zero_accumulators` starts each tile's reduction loop from a zero vector
-instead of that read.
+contraction a tensor of undefined values instead of its fill (a bufferization.alloc_tensor), and
+once the tiles are vectorized, `zero_accumulators` starts each tile's reduction loop from a zero
+vector instead of that read.
 """
 
 from __future__ import annotations
