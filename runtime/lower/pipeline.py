@@ -480,9 +480,8 @@ def _results_in_place(module: ir.Module, results: dict[str, int]) -> None:
             if (alloc is None or alloc.name != "memref.alloc" or alloc.parent != function.operation
                     or not isinstance(target, ir.BlockArgument) or target.owner != entry
                     or target.arg_number < first_output or source.type != target.type
-                    or len(list(target.uses)) != 1 or bool(reshapes) == bool(list(alloc.operands))):
-                # a static buffer returned as it is was the caller's already; a dynamic one is
-                # taken only without reshapes (`_view_of` rebuilds static shapes)
+                    or len(list(target.uses)) != 1 or (reshapes and list(alloc.operands))):
+                # a dynamic buffer is taken only without reshapes (`_view_of` rebuilds static shapes)
                 continue
             later = [u.owner for u in buffer.uses
                      if position.get(top_level(u.owner, function.operation), -1) > position[copy.operation]]
