@@ -777,20 +777,6 @@ def test_long_rows_reduce_in_vector_partial_results(fn: Callable, shape: tuple[i
     torch.testing.assert_close(torchtosa.compile(fn, x)(x), fn(x), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("perm", [(1, 0, 2, 3), (0, 2, 3, 1), (2, 3, 0, 1)])
-def test_transposes_move_the_runs_of_dims_they_keep_together(perm: tuple[int, ...]) -> None:
-    """A transpose that keeps dims adjacent and in order moves them as one: [4, 6, 10, 12] ->
-    [6, 4, 10, 12] as rows of 120, not 12 (TOSA's transpose before a sum over (0, 2, 3) copied
-    rows of W); eager's values."""
-    x = torch.randn(4, 6, 10, 12)
-    fn = lambda t: t.permute(*perm) * 2  # noqa: E731 (the * 2 keeps the transpose an op of its own)
-    module = _linalg(fn, x, stop_before="schedule")
-    schedule.collapse_transposes(module)
-    transposes = find_ops(module, lambda op: op.name == "linalg.transpose")
-    assert transposes and all(len(ir.DenseI64ArrayAttr(op.attributes["permutation"])) < 4 for op in transposes)
-    torch.testing.assert_close(torchtosa.compile(fn, x)(x), fn(x))
-
-
 def test_a_sum_over_batch_and_image_reads_the_tensor_once() -> None:
     """A sum over (0, 2, 3) (a batch norm's statistics, a convolution's bias gradient) reads the
     [N, C, H, W] tensor where it is, not TOSA's transpose of it to [C, N, H, W] (a copy of the

@@ -171,7 +171,6 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
     fold_reduction_transposes(module)
     split_prologues(module)
     collapse_outputs(module)
-    collapse_transposes(module)
     collapse_reductions(module)
     normalize(module)
     pads_in_place(module)
@@ -1150,38 +1149,6 @@ def fold_reduction_transposes(module: ir.Module) -> None:
                 op.operands[y] = transpose.operands[0]
                 op.attributes["indexing_maps"] = ir.ArrayAttr.get(maps)
     run_passes(module, "builtin.module(canonicalize,cse)")
-
-
-def collapse_transposes(module: ir.Module) -> None:
-    """`_collapse_transpose` every linalg.transpose of `module`."""
-    with module.context, ir.Location.unknown():
-        for op in find_ops(module, lambda op: op.name == "linalg.transpose"):
-            with blaming(op):
-                _collapse_transpose(op)
-
-
-def _collapse_transpose(op: ir.Operation) -> None:
-    """Merge each run of dimensions a transpose keeps adjacent and in order into one, input and
-    output: [N, C, H, W] -> [C, N, H, W] moves rows of H * W, not of W (the tile is a row: a
-    transpose that TOSA makes of a sum over (0, 2, 3) copied 7168 rows of 56 floats)."""
-    perm = list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
-    runs: list[list[int]] = []  # output dims, grouped
-    for i, p in enumerate(perm):
-        if runs and perm[runs[-1][-1]] + 1 == p:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    source, init = op.operands[0], op.operands[1]
-    shape = _shape(init)
-    if len(runs) == len(perm) or any(sum(shape[d] is None for d in run) > 1 for run in runs):
-        return  # nothing to merge, or a reshape of two dynamic sizes in one group (MLIR asserts)
-    sources = sorted([perm[d] for d in run] for run in runs)  # input dims, grouped
-    order = [sources.index([perm[d] for d in run]) for run in runs]
-    with ir.InsertionPoint(op), op.location:
-        sizes = [_dim(init, d) for d in range(len(perm))]
-        moved = linalg.transpose(collapse(source, sources), outs=[collapse(init, runs)], permutation=order)
-        op.results[0].replace_all_uses_with(expand(moved.results[0], runs, sizes))
-    op.erase()
 
 
 def _merge_run(op: ir.Operation, values: list[ir.Value], maps: list[list[int]], run: list[int]
