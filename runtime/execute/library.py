@@ -116,7 +116,7 @@ def build(program: Program, constants: Sequence[torch.Tensor], path: str | Path,
     with tempfile.TemporaryDirectory(prefix="torchtosa-lib-") as tmp:
         work = Path(tmp)
         objects = [str(o.relative_to(work)) for o in toolchain.machine_code(text, work, cpu)]
-        clock("opt -O3 and llc")
+        clock("opt and llc")
         undefined = toolchain.undefined_symbols([work / o for o in objects])
         link, shipped, needs_note = _runtime_libraries(undefined, work, path.name)
         notes = [f"Model: {source or 'a TOSA program'}, opt={opt!r}.",

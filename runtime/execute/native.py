@@ -468,7 +468,8 @@ def _jit(module: ir.Module) -> ExecutionEngine:
 
     handler = module.context.attach_diagnostic_handler(record)
     try:
-        engine = ExecutionEngine(module, opt_level=3, shared_libs=[_runner_utils()], enable_object_dump=False)
+        engine = ExecutionEngine(module, opt_level=toolchain.OPT_LEVEL, shared_libs=[_runner_utils()],
+                                 enable_object_dump=False)
         engine.initialize()
     except RuntimeError as e:
         raise CompileError("\n".join([f"JIT failed: {e}", *diagnostics])) from e

@@ -88,9 +88,21 @@ def target_flags(cpu: Cpu) -> list[str]:
     return [f"-mtriple={TRIPLES[cpu.arch]}", "-mcpu=native" if cpu.native else f"-mcpu={cpu.llvm_cpu}"]
 
 
+# LLVM's optimization pipeline, for `opt` and the JIT (`native._jit`) alike: -O2. The code comes
+# tiled, vectorized and unrolled by the schedule; -O3's loop unrolling (a threshold of 300
+# instead of 150) unrolled it further, into bodies that llc then spent most of a compile on
+# (r3d_18's two blocks: llc 6.2 s after `opt -O3`, 0.75 s after `opt -O2`, an object 2.3x the
+# size). New processes, fresh caches, one thread, on a Sapphire Rapids-class Xeon: compile
+# r3d_18 3.37 -> 2.51 s, ResNet-50 12.2-13.9 -> 9.4-9.5 s, encoder layer 2.14-2.27 -> 1.78-1.94 s,
+# BERT-2 unchanged (3.2-3.6 s); run time within the VM's noise (interleaved medians, both
+# orders: MLP, encoder layer, conv block, matmul, BERT, ResNet-50, MobileNetV2, r3d_18 between
+# -9% and +5%, the signs changing with the order).
+OPT_LEVEL = 2
+
+
 def optimize(ir_file: Path, out: Path, cpu: Cpu) -> None:
-    """LLVM's -O3 pipeline for `cpu`, as MLIR's JIT runs it (bitcode out)."""
-    run([llvm_tool("opt"), "-O3", *target_flags(cpu), str(ir_file), "-o", str(out)], what="opt")
+    """LLVM's pipeline at OPT_LEVEL for `cpu`, as MLIR's JIT runs it (bitcode out)."""
+    run([llvm_tool("opt"), f"-O{OPT_LEVEL}", *target_flags(cpu), str(ir_file), "-o", str(out)], what="opt")
 
 
 # llc's options besides the target's: no instruction scheduling, neither after register
@@ -129,7 +141,7 @@ def compile_jobs() -> int:
 
 
 def machine_code(text: str, work: Path, cpu: Cpu, jobs: int | None = None) -> list[Path]:
-    """Object files of an LLVM IR module for `cpu`: LLVM's -O3 pipeline (`optimize`), then llc.
+    """Object files of an LLVM IR module for `cpu`: LLVM's pipeline (`optimize`), then llc.
 
     `opt` and `llc` take most of a large model's compile time, in one process. A module of more
     than 2 x PART_LINES lines is split into up to `jobs` (`compile_jobs()`) parts of about equal
