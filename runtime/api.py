@@ -470,6 +470,8 @@ class CompiledFunction:
             return False
         if isinstance(self.fn, torch.nn.Module) and any(p.requires_grad for p in self.fn.parameters()):
             return True
+        if not kwargs and all(isinstance(x, torch.Tensor) for x in args):  # the common case, without pytree
+            return any(x.requires_grad for x in args)
         return any(isinstance(x, torch.Tensor) and x.requires_grad for x in pytree.tree_leaves((args, kwargs)))
 
     def _with_autograd(self) -> Callable[..., Any]:
@@ -531,8 +533,13 @@ class CompiledFunction:
         if isinstance(hit, _Eager):
             return self.fn(*args, **kwargs)
         flat = self._flat_tensors(args, kwargs, hit.captured)
-        with torch.no_grad():
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                outputs = hit.run(*hit.captured.params, *flat)
+        else:
             outputs = hit.run(*hit.captured.params, *flat)
+        if hit.captured.out_spec.is_leaf():  # one tensor
+            return outputs[0]
         return pytree.tree_unflatten(list(outputs), hit.captured.out_spec)
 
     def _key(self, args: tuple, kwargs: dict) -> Signature:

@@ -39,6 +39,11 @@ register tiles sized to its vector register file, vector widths from its lanes).
   gets a tile of 1 on every loop but the innermost, which gets up to `Tiles.vector`; an op that
   strides through an operand along that loop (a transpose) gets square `Tiles.transpose` tiles,
   transposed in registers. Vector reductions are marked reassociable so LLVM sums them as trees.
+  A tile carried through a reduction loop outside it (a sum over H of NCHW) is a power of two
+  (`_carries_vectors`). A reduction along long contiguous rows (softmax, layer norm, a sum over
+  (0, 2, 3) once it reads through TOSA's transpose, `fold_reduction_transposes`, and its trailing
+  reduction loops are one, `collapse_reductions`) keeps vector partial results along the row and
+  sums across lanes once per row (`_row_reduction`, tiled as a dot product).
 - Vector math (exp, erf, tanh, ...) becomes libmvec calls where usable (`vecmath`).
 - With opt="parallel", every other op with enough work (convolutions and contractions from
   SPLIT_MIN_MACS multiply-adds, other ops from SPLIT_MIN_ELEMENTS loop iterations) is first
