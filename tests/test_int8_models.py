@@ -100,11 +100,14 @@ def test_int8_model(name: str) -> None:
 # (builder, input shape, largest difference from PyTorch in quanta, fraction of outputs off (with
 # margin)). Measured over the test's 4 inputs: lenet_bn 1 to 3 quanta off on 60% of its 80 logits
 # (an int16 quantum is 1/256 of an int8 one, and each of its five 16-bit-multiplier RESCALEs may
-# round a value the other way: see OFF_BY_ONE_INT16), resnet 1 on 5%, mobilenet_v2 1 on 9%; the
+# round a value the other way: see OFF_BY_ONE_INT16), resnet 1 on 5%, mobilenet_v2 1 on 9% (and
+# 2 on one of 5120 outputs where PyTorch's own float kernels are AVX2 ones, ATEN_CPU_CAPABILITY=
+# avx2 on a Sapphire Rapids-class Xeon: the reference moves by an int16 quantum with the CPU); the
 # ViT (its softmax, layer norms and GELU int8: INT8_ONLY; its outputs, after a layer norm, int8)
 # 1 to 8 int8 quanta on 19% of its 576 outputs (each layer's chain of groups moves values on).
+# Native code equals TOSA's reference model exactly, whatever the CPU (the test checks that first).
 A16W8 = {"lenet_bn": (EXAMPLE.LeNet, (8, 1, 28, 28), 3, 0.7), "resnet": (resnet, (1, 3, 32, 32), 1, 0.15),
-         "mobilenet_v2": (mobilenet_v2, (1, 3, 32, 32), 1, 0.15), "vit": (None, (1, 3, 32, 32), 10, 0.25)}
+         "mobilenet_v2": (mobilenet_v2, (1, 3, 32, 32), 2, 0.15), "vit": (None, (1, 3, 32, 32), 10, 0.25)}
 
 
 @pytest.mark.parametrize("name", list(A16W8))
