@@ -458,8 +458,9 @@ def _results_in_place(module: ir.Module, results: dict[str, int]) -> None:
     """Compute each result in the caller's output buffer where bufferization left a copy.
 
     buffer-results-to-out-params hoists static allocations that are returned as they are to the
-    caller; a result of a dynamic size, or a reshape of a buffer (dropping unit dims made a
-    `[1, H, W, C]` result an expanded `[H, W, C]` buffer), is computed into a buffer of its own,
+    caller; a result of a dynamic size, a reshape of a buffer (dropping unit dims made a
+    `[1, H, W, C]` result an expanded `[H, W, C]` buffer) or a loop's result (every tiled op's:
+    the loop's initial buffer is not what is returned) is computed into a buffer of its own,
     then copied into the output argument: a whole extra pass over the output (`x + 1` on 4.8 MB
     ran at half eager's speed). Where that buffer is allocated in the function's entry block and
     the copy is its last use but a deallocation, the output argument replaces it, reshaped back

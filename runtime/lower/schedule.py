@@ -41,7 +41,7 @@ register tiles sized to its vector register file, vector widths from its lanes).
   transposed in registers. Vector reductions are marked reassociable so LLVM sums them as trees.
   A tile carried through a reduction loop outside it (a sum over H of NCHW) is a power of two
   (`_carries_vectors`). A reduction along long contiguous rows (softmax, layer norm, a sum over
-  (0, 2, 3) once it reads through TOSA's transpose, `fold_reduction_transposes`, and its trailing
+  (0, 2, 3) once it reads through TOSA's transpose, `contractions.fold_transposes`, and its trailing
   reduction loops are one, `collapse_reductions`) keeps vector partial results along the row and
   sums across lanes once per row (`_row_reduction`, tiled as a dot product).
 - Vector math (exp, erf, tanh, ...) becomes libmvec calls where usable (`vecmath`).
@@ -173,7 +173,6 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
     tiles = derive(cpu)
     widen_arithmetic(module)
     fold_transposes(module)
-    fold_reduction_transposes(module)
     split_prologues(module)
     collapse_outputs(module)
     collapse_reductions(module)
@@ -1100,10 +1099,8 @@ def _collapse_outputs(op: ir.Operation) -> None:
                 if all("parallel" in iterators[d] for d in out[i:j]) and _read_as_run(maps, out[i:j])), None)
     if run is None:
         return
-    for value, operand_dims in zip(op.operands, maps, strict=True):
-        grouped = [i for i, d in enumerate(operand_dims) if d in run]
-        if sum(_shape(value)[i] is None for i in grouped) > 1:
-            return  # a reshape of two dynamic sizes in one group does not lower (an assertion in MLIR)
+    if not _collapsible(list(op.operands), maps, run):
+        return
     init = op.operands[len(maps) - 1]
     with ir.InsertionPoint(op), op.location:
         sizes = [_dim(init, d) for d in range(len(out))]  # the result is expanded back to them
@@ -1130,30 +1127,12 @@ def _copy_body(source: ir.Operation, generic: ir.OpView) -> None:
         values.update(zip(inner.results, clone.results, strict=True))
 
 
-def fold_reduction_transposes(module: ir.Module) -> None:
-    """Let each generic reduction read through the transposes that produce its inputs, where the
-    innermost loop then reads the transpose's input along its innermost dimension: TOSA folds a
-    sum over (0, 2, 3) of [N, C, H, W] as a sum over rows of its transpose to [C, N, H, W],
-    which copied the whole tensor first (3x eager's time)."""
-    with module.context, ir.Location.unknown():
-        for op in find_ops(module, lambda op: op.name == "linalg.generic" and sum_of_products(op) is None
-                           and "reduction" in str(op.attributes["iterator_types"])):
-            *inputs, _ = map_dims(op)
-            last = len(ir.ArrayAttr(op.attributes["iterator_types"])) - 1
-            for y, dims in enumerate(inputs):
-                source = op.operands[y]
-                transpose = source.owner if isinstance(source, ir.OpResult) else None
-                if transpose is None or transpose.name != "linalg.transpose":
-                    continue
-                perm = list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"]))
-                read = [dims[perm.index(d)] for d in range(len(perm))]  # the loop of each source dimension
-                if read[-1] != last:
-                    continue  # the innermost loop would stride through the source
-                maps = list(ir.ArrayAttr(op.attributes["indexing_maps"]))
-                maps[y] = dims_map(last + 1, read)
-                op.operands[y] = transpose.operands[0]
-                op.attributes["indexing_maps"] = ir.ArrayAttr.get(maps)
-    run_passes(module, "builtin.module(canonicalize,cse)")
+def _collapsible(values: list[ir.Value], maps: list[list[int]], run: list[int]) -> bool:
+    """Whether each of `values` (read along the loops `maps`) has at most one dynamic size among
+    the dimensions it reads the loops `run` along: a reshape of two in one group does not lower
+    (an assertion in MLIR)."""
+    return all(sum(_shape(value)[i] is None for i, d in enumerate(dims) if d in run) <= 1
+               for value, dims in zip(values, maps, strict=True))
 
 
 def _merge_run(op: ir.Operation, values: list[ir.Value], maps: list[list[int]], run: list[int]
@@ -1206,7 +1185,7 @@ def _collapse_row(op: ir.Operation) -> None:
     """Merge the reduction loops that a generic reduction's operands read last (the innermost
     loop and those before it), as one run of adjacent dimensions in the same order, into one:
     a sum over dims (0, 2, 3) of [N, C, H, W], read through TOSA's transpose to [C, N, H, W]
-    (`fold_reduction_transposes`), is then a loop over N around one over rows of H * W, which
+    (`contractions.fold_transposes`), is then a loop over N around one over rows of H * W, which
     `_row_reduction` sums in vector partial results."""
     iterators = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
     reductions = [d for d, kind in enumerate(iterators) if "reduction" in kind]
@@ -1227,10 +1206,9 @@ def _collapse_row(op: ir.Operation) -> None:
         run.insert(0, d)
     if len(run) < 2 or not _read_as_run(maps[:-1], run):
         return
-    for value, dims in zip(op.operands, maps[:-1], strict=False):
-        if sum(_shape(value)[i] is None for i, d in enumerate(dims) if d in run) > 1:
-            return  # a reshape of two dynamic sizes in one group does not lower (an assertion in MLIR)
     inputs = list(op.operands)[:len(maps) - 1]
+    if not _collapsible(inputs, maps[:-1], run):
+        return
     init = op.operands[len(maps) - 1]
     with ir.InsertionPoint(op), op.location:
         inputs, dims, renumber, kept = _merge_run(op, inputs, maps[:-1], run)
