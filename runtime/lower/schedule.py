@@ -299,8 +299,8 @@ def _pack_panels(op: ir.Operation, parallel: bool, tiles: Tiles) -> None:
         transposed = None if loops is None else _dot_source(op, loops, tiles)
         if transposed is not None:
             _dot_form(op, transposed)
-        elif loops is not None and None not in loops:  # f32 rows times panels extended to f32 as packed
-            _pack_panels(_widen(op), parallel, tiles)
+        elif loops is not None and None not in loops[-2:]:  # f32 rows times panels extended to f32,
+            _pack_panels(_widen(op), parallel, tiles)  # packed as any (rows or batch may be dynamic)
         return
     sizes = tiling[0]
     loops = _loop_sizes(op)
@@ -848,7 +848,7 @@ def plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
     if not odd:
         return tiling
     loops = _loop_sizes(op)
-    if op.name != "linalg.generic" or None in loops:  # not None: `_plan` tiled it
+    if op.name != "linalg.generic" or any(loops[d] is None for d in odd):  # a dynamic one has a whole target tile
         return None
     sizes = tuple(1 << (size.bit_length() - 1) if d in odd else size for d, size in enumerate(sizes))
     # peeled where the power of two leaves a remainder (144 in tiles of 24 -> of 16: none, and
