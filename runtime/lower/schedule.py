@@ -822,10 +822,12 @@ def plans(module: ir.Module, tiles: Tiles | None = None) -> list[tuple[ir.Operat
 
 
 def _register_tiled_contractions(module: ir.Module, tiles: Tiles) -> list[ir.Operation]:
-    """The contractions of `module` that `plan` tiles as register tiles (not convolutions, not
-    dot forms), planned alone rather than with every op as `plans` does."""
+    """The contractions and convolutions of `module` that `plan` tiles as register tiles (not
+    dot forms), planned alone rather than with every op as `plans` does: those whose output
+    `drop_zero_fills` may start in registers (a depthwise one's; a dense one starts from its
+    bias, broadcast)."""
     def tiled(op: ir.Operation) -> bool:
-        if op.name in _DECOMPOSED or _matmul_loops(op) is None or _dot_loops(op) is not None:
+        if op.name not in _DECOMPOSED and (_matmul_loops(op) is None or _dot_loops(op) is not None):
             return False
         with blaming(op):
             return plan(op, tiles) is not None

@@ -1,4 +1,5 @@
-"""Contractions that start from zero in registers, not from a zeroed output in memory.
+"""Contractions (and depthwise convolutions) that start from zero in registers, not from a
+zeroed output in memory.
 
 A contraction's output starts as a `linalg.fill` of 0: the fill writes the whole output, then
 each register tile reads its accumulators back from it, and writes them once k is done. Where k
