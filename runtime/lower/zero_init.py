@@ -22,7 +22,8 @@ from mlir.dialects import arith, bufferization, linalg, tensor
 
 from .irutil import find_ops
 
-ROOT = "bufferization.alloc_tensor"  # what a dropped fill's tensor becomes (nothing else makes one)
+ROOT = "bufferization.alloc_tensor"  # what a dropped fill's tensor becomes
+PADDED = "torchtosa.padded"  # marks the other kind: a padded input's (`convolutions.pads_in_place`), kept as it is
 
 
 def drop_zero_fills(contractions: Iterable[ir.Operation]) -> None:
@@ -51,7 +52,8 @@ def zero_accumulators(module: ir.Module) -> None:
     with module.context, ir.Location.unknown():
         for read in find_ops(module, lambda op: op.name == "vector.transfer_read"):
             result = read.results[0]
-            if _root(read.operands[0], ROOT) is None or not all(use.owner.name == "scf.for" for use in result.uses):
+            root = _root(read.operands[0], ROOT)
+            if root is None or PADDED in root.attributes or not all(use.owner.name == "scf.for" for use in result.uses):
                 continue
             vector = ir.VectorType(result.type)
             with ir.InsertionPoint(read):
@@ -59,7 +61,7 @@ def zero_accumulators(module: ir.Module) -> None:
                     vector, ir.FloatAttr.get(vector.element_type, 0.0))).result
             result.replace_all_uses_with(zero)
             read.erase()
-        for alloc in find_ops(module, lambda op: op.name == ROOT):
+        for alloc in find_ops(module, lambda op: op.name == ROOT and PADDED not in op.attributes):
             with ir.InsertionPoint(alloc), alloc.location:
                 empty = tensor.EmptyOp(ir.RankedTensorType(alloc.results[0].type).shape,
                                        ir.RankedTensorType(alloc.results[0].type).element_type)
