@@ -744,7 +744,7 @@ def test_a_tensor_of_a_dropped_fill_read_elsewhere_gets_its_fill_back() -> None:
           %c1 = arith.constant 1 : index
           %c2 = arith.constant 2 : index
           %pad = arith.constant 0.0 : f32
-          %t = bufferization.alloc_tensor() : tensor<8xf32>
+          %t = bufferization.alloc_tensor() {torchtosa.dropped_fill} : tensor<8xf32>
           %r = scf.for %i = %c0 to %c2 step %c1 iter_args(%acc = %t) -> (tensor<8xf32>) {
             %v = vector.transfer_read %acc[%c0], %pad {in_bounds = [true]} : tensor<8xf32>, vector<4xf32>
             %s = arith.addf %v, %x : vector<4xf32>

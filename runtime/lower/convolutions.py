@@ -48,7 +48,6 @@ from ..cpu import Cpu
 from ..internal import blaming
 from . import tiles, winograd
 from .irutil import collapse, expand, find_ops, is_sub_byte, static_insert, static_slice
-from .zero_init import PADDED
 
 CONV = "linalg.conv_2d_nhwc_fhwc"  # loops (n, oh, ow, f, kh, kw, c)
 CONV_HWCF = "linalg.conv_2d_nhwc_hwcf"  # the same loops; its filter as the schedule's tiles read it
@@ -248,18 +247,13 @@ def _border(buffer: ir.Value, value: ir.Value, low: list[int], interior: list[in
     others. A fill of the whole tensor wrote the interior twice (at batch 8, MobileNetV2's padded
     inputs were memsets of up to 39 MB a call)."""
     shape = ir.RankedTensorType(buffer.type).shape
-    element = ir.RankedTensorType(buffer.type).element_type
     for d, (before, inner) in enumerate(zip(low, interior, strict=True)):
         for start, size in ((0, before), (before + inner, shape[d] - before - inner)):
-            if size == 0:
-                continue
-            offsets = [start if i == d else 0 for i in range(len(shape))]
-            sizes = [size if i == d else n for i, n in enumerate(shape)]
-            ones = [1] * len(shape)
-            slab = tensor.ExtractSliceOp(ir.RankedTensorType.get(sizes, element), buffer, [], [], [], offsets, sizes,
-                                         ones).result
-            slab = linalg.fill(value, outs=[slab])
-            buffer = tensor.InsertSliceOp(slab, buffer, [], [], [], offsets, sizes, ones).result
+            if size:
+                offsets = [start if i == d else 0 for i in range(len(shape))]
+                sizes = [size if i == d else n for i, n in enumerate(shape)]
+                slab = linalg.fill(value, outs=[static_slice(buffer, offsets, sizes)])
+                buffer = static_insert(slab, buffer, offsets)
     return buffer
 
 
@@ -333,10 +327,9 @@ def _pad_in_place(op: ir.Operation, producer: ir.Operation, groups: list[list[in
     assert low is not None
     padded = ir.RankedTensorType(op.results[0].type)
     with ir.InsertionPoint(producer), op.location:
-        buffer = bufferization.AllocTensorOp(padded, [])  # not a tensor.empty: slices of one fold to new ones
-        buffer.operation.attributes[PADDED] = ir.UnitAttr.get()
-        filled = _border(buffer.result, value, low, shape)
-        interior = tensor.ExtractSliceOp(op.operands[0].type, filled, [], [], [], low, shape, [1] * len(shape)).result
+        buffer = bufferization.AllocTensorOp(padded, []).result  # not a tensor.empty: slices of one fold to new ones
+        filled = _border(buffer, value, low, shape)
+        interior = static_slice(filled, low, shape)
         if groups is not None:
             interior = expand(interior, groups, ir.RankedTensorType(producer.results[0].type).shape)
     producer.operands[len(producer.operands) - 1] = interior

@@ -183,7 +183,7 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
     chunks = threads() if parallel else 1
     if chunks == 1:  # contractions of register tiles start from zero in registers
         with module.context, ir.Location.unknown():
-            drop_zero_fills(_register_tiled_contractions(module, tiles))
+            drop_zero_fills(_register_tiled(module, tiles))
     groups: dict[Key, list[ir.Operation]] = {}
     for op, tiling in plans(module, tiles):
         with blaming(op):
@@ -821,7 +821,7 @@ def plans(module: ir.Module, tiles: Tiles | None = None) -> list[tuple[ir.Operat
     return found
 
 
-def _register_tiled_contractions(module: ir.Module, tiles: Tiles) -> list[ir.Operation]:
+def _register_tiled(module: ir.Module, tiles: Tiles) -> list[ir.Operation]:
     """The contractions and convolutions of `module` that `plan` tiles as register tiles (not
     dot forms), planned alone rather than with every op as `plans` does: those whose output
     `drop_zero_fills` may start in registers (a depthwise one's; a dense one starts from its

@@ -22,16 +22,16 @@ from mlir.dialects import arith, bufferization, linalg, tensor
 
 from .irutil import find_ops
 
-ROOT = "bufferization.alloc_tensor"  # what a dropped fill's tensor becomes
-PADDED = "torchtosa.padded"  # marks the other kind: a padded input's (`convolutions.pads_in_place`), kept as it is
+ROOT = "bufferization.alloc_tensor"  # what a dropped fill's tensor becomes, marked DROPPED
+DROPPED = "torchtosa.dropped_fill"  # other alloc_tensors (a padded input's, `convolutions`) are not ours
 
 
 def drop_zero_fills(contractions: Iterable[ir.Operation]) -> None:
     """Give each contraction whose output is a static zero `linalg.fill` used by it alone
     (directly, or as the initial value of the loops `schedule.pack_panels` built around it), and
     that nothing adds to afterwards, a tensor of undefined values instead: a
-    bufferization.alloc_tensor, which tiling and canonicalization leave as it is (a tensor.empty
-    they fold and replace), so `zero_accumulators` finds it. The fill is erased."""
+    bufferization.alloc_tensor marked DROPPED, which tiling and canonicalization leave as it is (a
+    tensor.empty they fold and replace), so `zero_accumulators` finds it. The fill is erased."""
     for op in contractions:
         fill = _root(op.operands[len(op.operands) - 1], "linalg.fill")
         if fill is None or not _zero(fill.operands[0]) or not _single_use(fill.results[0]) \
@@ -39,8 +39,9 @@ def drop_zero_fills(contractions: Iterable[ir.Operation]) -> None:
                 or _accumulated(_final(fill.results[0])):
             continue
         with ir.InsertionPoint(fill), fill.location:
-            alloc = bufferization.AllocTensorOp(fill.results[0].type, []).result
-        fill.results[0].replace_all_uses_with(alloc)
+            alloc = bufferization.AllocTensorOp(fill.results[0].type, [])
+            alloc.operation.attributes[DROPPED] = ir.UnitAttr.get()
+        fill.results[0].replace_all_uses_with(alloc.result)
         fill.erase()
 
 
@@ -53,7 +54,8 @@ def zero_accumulators(module: ir.Module) -> None:
         for read in find_ops(module, lambda op: op.name == "vector.transfer_read"):
             result = read.results[0]
             root = _root(read.operands[0], ROOT)
-            if root is None or PADDED in root.attributes or not all(use.owner.name == "scf.for" for use in result.uses):
+            if root is None or DROPPED not in root.attributes \
+                    or not all(use.owner.name == "scf.for" for use in result.uses):
                 continue
             vector = ir.VectorType(result.type)
             with ir.InsertionPoint(read):
@@ -61,7 +63,7 @@ def zero_accumulators(module: ir.Module) -> None:
                     vector, ir.FloatAttr.get(vector.element_type, 0.0))).result
             result.replace_all_uses_with(zero)
             read.erase()
-        for alloc in find_ops(module, lambda op: op.name == ROOT and PADDED not in op.attributes):
+        for alloc in find_ops(module, lambda op: op.name == ROOT and DROPPED in op.attributes):
             with ir.InsertionPoint(alloc), alloc.location:
                 empty = tensor.EmptyOp(ir.RankedTensorType(alloc.results[0].type).shape,
                                        ir.RankedTensorType(alloc.results[0].type).element_type)
