@@ -27,6 +27,7 @@ from mlir import ir
 from mlir.dialects import linalg, tensor
 
 from ..internal import blaming
+from .half import is_half
 from .irutil import collapse, dims_map, expand, find_ops, map_dims, run_passes
 from .irutil import tensor_dim as _dim
 from .irutil import tensor_shape as _shape
@@ -147,16 +148,37 @@ def sum_of_products(op: ir.Operation) -> ir.Operation | None:
     return mul
 
 
-def _named_contraction(op: ir.Operation) -> None:
-    """Replace a plain f32 generic contraction of matmul form by a named matmul (see the module
-    docstring); leave any other generic as it is."""
+def _factor(value: ir.Value, block: ir.Block) -> int | None:
+    """The input a product's factor is: block argument i itself (f32), or its extension from
+    bf16/f16 to f32 (`arith.extf`); else None."""
+    owner = value.owner if isinstance(value, ir.OpResult) else None
+    if owner is not None and owner.name == "arith.extf" and is_half(owner.operands[0].type):
+        value = owner.operands[0]
+    elif not isinstance(value.type, ir.F32Type):
+        return None
+    args = list(block.arguments)
+    return args.index(value) if value in args else None
+
+
+def contraction_of_inputs(op: ir.Operation) -> bool:
+    """Whether generic `op` is `out + x * y` into f32 sums of its two inputs as they are (f32),
+    or extended from bf16/f16 (the same type both), and nothing else."""
     mul = sum_of_products(op)
-    block = op.regions[0].blocks[0]
-    if mul is None or mul.name != "arith.mulf" or len(list(block.operations)) != 3 or len(block.arguments) != 3:
-        return
-    if {mul.operands[0], mul.operands[1]} != {block.arguments[0], block.arguments[1]}:
-        return
-    if any(not isinstance(a.type, ir.F32Type) for a in block.arguments):
+    block = op.regions[0].blocks[0] if mul is not None else None
+    if mul is None or mul.name != "arith.mulf" or len(block.arguments) != 3:
+        return False
+    factors = [_factor(v, block) for v in mul.operands]
+    if sorted(f for f in factors if f is not None) != [0, 1] or not isinstance(block.arguments[2].type, ir.F32Type):
+        return False
+    body = list(block.operations)
+    return (block.arguments[0].type == block.arguments[1].type
+            and len(body) == 3 + sum(o.name == "arith.extf" for o in body))  # nothing but the extensions
+
+
+def _named_contraction(op: ir.Operation) -> None:
+    """Replace a plain generic contraction of matmul form (`contraction_of_inputs`) by a named
+    matmul of the same operands (see the module docstring); leave any other generic as it is."""
+    if not contraction_of_inputs(op):
         return
     kinds = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
     reductions = [d for d, kind in enumerate(kinds) if "reduction" in kind]

@@ -73,7 +73,7 @@ from mlir.dialects import arith, linalg, scf, tensor
 from ..cpu import Cpu, cores, select
 from ..internal import blaming
 from . import vecmath
-from .contractions import fold_transposes, normalize, sum_of_products
+from .contractions import contraction_of_inputs, fold_transposes, normalize, sum_of_products
 from .convolutions import CONV as _CONV
 from .convolutions import CONV_HWCF as _CONV_HWCF
 from .convolutions import DEPTHWISE as _DEPTHWISE
@@ -1046,8 +1046,8 @@ def _split_prologue(op: ir.Operation) -> None:
     """
     mul = sum_of_products(op)
     block = op.regions[0].blocks[0]
-    if mul is None or len(list(block.operations)) <= 3:
-        return
+    if mul is None or len(list(block.operations)) <= 3 or contraction_of_inputs(op):
+        return  # no prologue, or only its inputs' extensions (`normalize` takes those)
     add = list(block.operations)[-2]
     maps = map_dims(op)
     n_loops = len(ir.ArrayAttr(op.attributes["iterator_types"]))
@@ -1393,7 +1393,8 @@ def _loop_sizes(op: ir.Operation) -> tuple[Extent, ...] | None:
     shaped = [t for t in [v.type for v in op.operands] + [r.type for r in op.results] if isinstance(t, ir.ShapedType)]
     if not all(isinstance(t, ir.RankedTensorType) for t in shaped):
         return None
-    half = op.name == "linalg.generic"  # `_plain_body` checks how it uses bf16 and f16 values
+    # bf16 and f16 values: a transpose only moves them; `_plain_body` checks how a generic uses them
+    half = op.name in ("linalg.generic", "linalg.transpose")
     if not all(_vector_element(ir.ShapedType(t).element_type) or (half and is_half(ir.ShapedType(t).element_type))
                for t in shaped):
         return None
