@@ -177,49 +177,80 @@ def contraction_of_inputs(op: ir.Operation) -> bool:
 
 def _named_contraction(op: ir.Operation) -> None:
     """Replace a plain generic contraction of matmul form (`contraction_of_inputs`) by a named
-    matmul of the same operands (see the module docstring); leave any other generic as it is."""
+    matmul of the same operands (see the module docstring); leave any other generic as it is.
+
+    Matmul form: the output's loops are (batch..., rows..., columns...), x is read along (batch...,
+    rows..., k...) and y along (batch..., k..., columns...) or (batch..., columns..., k...). Several
+    column loops are a linear's output viewed as attention heads ([heads, head_dim]), several k
+    loops the heads a linear reads back: y is then the weight viewed so and transposed, which
+    `_collapsed` reads as the transpose of the weight."""
     if not contraction_of_inputs(op):
         return
     kinds = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
-    reductions = [d for d, kind in enumerate(kinds) if "reduction" in kind]
-    if len(reductions) != 1:
-        return
-    k = reductions[0]
+    reductions = {d for d, kind in enumerate(kinds) if "reduction" in kind}
     *inputs, out = map_dims(op)
-    if len(out) < 2:
+    r = len(reductions)
+    x = next((i for i, dims in enumerate(inputs) if len(dims) > r and set(dims[len(dims) - r:]) == reductions
+              and dims[:len(dims) - r] == out[:len(dims) - r]), None)  # read along (out's first loops, k...)
+    rows_end = 0 if x is None else len(inputs[x]) - r  # out[:rows_end]: batch and rows; the rest columns
+    if not 0 < rows_end < len(out):
         return
-    n = out[-1]
-    with_n = [i for i, dims in enumerate(inputs) if n in dims]
-    if len(with_n) != 1:
+    y = 1 - x
+    ks, columns = inputs[x][rows_end:], out[rows_end:]
+    batch = len(inputs[y]) - len(ks) - len(columns)
+    if batch < 0 or batch >= rows_end or inputs[y][:batch] != out[:batch]:
         return
-    x, y = 1 - with_n[0], with_n[0]
-    batch = len(inputs[y]) - 2
-    if batch < 0 or inputs[x] != [*out[:-1], k] or inputs[y][:batch] != out[:batch]:
+    if inputs[y][batch:] not in ([*ks, *columns], [*columns, *ks]):
         return
-    if inputs[y][batch:] not in ([k, n], [n, k]) or batch == len(out) - 1:
-        return
+    k_first = inputs[y][batch:batch + len(ks)] == ks
     operands = list(op.operands)
     lhs, rhs, init = operands[x], operands[y], operands[2]
     shape = _shape(init)
     batch_sizes = shape[:batch]
     b = None if None in batch_sizes else math.prod(batch_sizes)
-    rank = len(out)
-    rows = list(range(batch, rank - 1))
-    if b == 1:  # unit batch dimensions join the rows
-        groups, rhs_groups = [list(range(rank - 1)), [rank - 1]], [list(range(batch + 1)), [batch + 1]]
+    rank, y_rank = len(out), len(inputs[y])
+    head = list(range(batch, batch + len(ks if k_first else columns)))  # y's first matrix dimension
+    tail = list(range(head[-1] + 1, y_rank))
+    reduced = list(range(rows_end, rows_end + len(ks)))  # x's
+    if b == 1:  # unit batch dimensions join the rows (and y's first matrix dimension)
+        groups = [list(range(rows_end)), list(range(rows_end, rank))]
+        lhs_groups = [list(range(rows_end)), reduced]
+        rhs_groups = [list(range(head[-1] + 1)), tail]
     else:
-        groups = [list(range(batch)), rows, [rank - 1]] if batch else [rows, [rank - 1]]
-        rhs_groups = [list(range(batch)), [batch], [batch + 1]] if batch else [[0], [1]]
+        lead = [list(range(batch))] if batch else []
+        groups = [*lead, list(range(batch, rows_end)), list(range(rows_end, rank))]
+        lhs_groups = [*lead, list(range(batch, rows_end)), reduced]
+        rhs_groups = [*lead, head, tail]
     with ir.InsertionPoint(op), op.location:
         sizes = [_dim(init, d) for d in range(rank)]
-        lhs = collapse(lhs, [*groups[:-1], [rank - 1]])
-        rhs = collapse(rhs, rhs_groups)
-        if inputs[y][batch:] == [n, k]:
+        lhs = _collapsed(lhs, lhs_groups)
+        rhs = _collapsed(rhs, rhs_groups)
+        if not k_first:
             rhs = _transpose(rhs, [1, 0] if len(rhs_groups) == 2 else [0, 2, 1])
         named = linalg.matmul if len(groups) == 2 else linalg.batch_matmul
         result = expand(_value(named(lhs, rhs, outs=[collapse(init, groups)])), groups, sizes)
     op.results[0].replace_all_uses_with(result)
     op.erase()
+
+
+def _collapsed(value: ir.Value, groups: list[list[int]]) -> ir.Value:
+    """`collapse(value, groups)`; where `value` is a transpose that keeps each group's source
+    dimensions together and in order, the transpose of its source collapsed instead (a weight
+    viewed as heads and transposed is the weight transposed). A collapse of such a transpose
+    (`schedule.collapse_outputs` merges the heads) is read through."""
+    owner = value.owner if isinstance(value, ir.OpResult) else None
+    if owner is not None and owner.name == "tensor.collapse_shape" and len(list(value.uses)) == 1:
+        inner = [[ir.IntegerAttr(d).value for d in g] for g in ir.ArrayAttr(owner.attributes["reassociation"])]
+        return _collapsed(owner.operands[0], [[d for j in group for d in inner[j]] for group in groups])
+    transpose = _producing_transpose(value)
+    if transpose is None or len(list(value.uses)) != 1:
+        return collapse(value, groups)
+    perm = list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"]))
+    sources = [[perm[d] for d in group] for group in groups]
+    if any(g != list(range(g[0], g[0] + len(g))) for g in sources):
+        return collapse(value, groups)
+    ordered = sorted(sources)
+    return _transpose(collapse(transpose.operands[0], ordered), [ordered.index(g) for g in sources])
 
 
 def _squeeze_transpose(op: ir.Operation) -> None:
