@@ -82,6 +82,7 @@ from .half import is_half, widen_arithmetic
 from .irutil import collapse, dims_map, expand, find_ops, map_dims, run_passes
 from .irutil import tensor_dim as _dim
 from .irutil import tensor_shape as _shape
+from .rows import fuse_rows
 from .tiles import Tiles, derive
 from .zero_init import drop_zero_fills, zero_accumulators
 
@@ -172,6 +173,8 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
     cpu = cpu or select()
     tiles = derive(cpu)
     widen_arithmetic(module)
+    if not parallel:
+        fuse_rows(module)
     fold_transposes(module)
     split_prologues(module)
     collapse_outputs(module)

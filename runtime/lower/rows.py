@@ -1,0 +1,160 @@
+"""Row-wise chains fused per row: a normalization's statistics and its output computed row by row.
+
+TOSA spells a softmax or a layer norm as passes over the whole tensor: a reduction along the last
+dimension (the row maximum, the mean), an elementwise op reading it (x - mean), another reduction
+(the variance), the output. Each pass streams the whole tensor, from memory once it exceeds the
+caches; PyTorch's kernels walk it row by row, every pass over a row in L1. `fuse_rows(module)`
+does the same: for each elementwise generic (the chain's last op) that reads the result of a
+reduction along its last loop, it tiles the op by one row (every loop but the last) and fuses
+into that loop the row-wise ops that produce its inputs, transitively: generics over the same
+rows (elementwise, or reducing the last loop only) and their fills. Other producers (a matmul
+computing the rows) stay whole. The schedule then tiles and vectorizes the ops of one row as it
+does any op (`schedule.plans`).
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+from mlir.dialects import tensor
+
+from .irutil import find_ops, map_dims, run_passes
+from .irutil import tensor_shape as _shape
+
+_ATTR = "torchtosa.rows"  # marks a chain's last op ("<i>") and the producers fused into its rows ("<i>p")
+MIN_ROW = 16  # shorter rows are left alone: a loop per row costs more than the passes it saves
+
+
+def fuse_rows(module: ir.Module) -> None:
+    """Fuse each row-wise chain of `module` per row (see the module docstring)."""
+    chains = []
+    with module.context, ir.Location.unknown():
+        for op in find_ops(module, _chain_end):
+            producers = _row_producers(op)
+            if any(p.name == "linalg.generic" and _reduces_rows(p) for p in producers):
+                chains.append((op.operation, producers))
+        inner = {p for _, producers in chains for p in producers}
+        chains = [(op, producers) for op, producers in chains if op not in inner]  # the longest chains
+        if not chains:
+            return
+        fused: set[ir.Operation] = set()
+        position = {op.operation: i for i, op in enumerate(find_ops(module, lambda op: True))}
+        lines = ["module attributes {transform.with_named_sequence} {",
+                 "transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {"]
+        for i, (op, producers) in enumerate(chains):
+            producers = [p for p in producers if p not in fused]  # fused into an earlier chain already
+            fused.update(producers)
+            op.attributes[_ATTR] = ir.StringAttr.get(str(i))
+            rank = len(_shape(op.results[0]))
+            tiles = ", ".join(["1"] * (rank - 1) + ["0"])
+            lines += [f"  %end{i} = {_match(str(i))}",
+                      f"  %tiled{i}, %loops{i}:{rank - 1} = transform.structured.tile_using_for %end{i}"
+                      f" tile_sizes [{tiles}] : (!transform.any_op) -> (!transform.any_op"
+                      + ", !transform.any_op" * (rank - 1) + ")"]
+            loop = f"%loops{i}#{rank - 2}"
+            # consumers first: a producer fused before its users would be cloned, its original kept for them
+            for j, p in enumerate(sorted(producers, key=position.__getitem__, reverse=True)):
+                p.attributes[_ATTR] = ir.StringAttr.get(f"{i}.{j}")
+                _own_init(p)
+                lines += [f"  %p{i}_{j} = {_match(f'{i}.{j}')}",
+                          f"  %f{i}_{j}, %in{i}_{j} = transform.structured.fuse_into_containing_op %p{i}_{j} into"
+                          f" {loop} : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)"]
+                loop = f"%in{i}_{j}"
+        # the slices of a fused op's tensor.empty become empties of the slice's shape
+        lines += ['  %funcs = transform.structured.match ops{["func.func"]} in %root'
+                  " : (!transform.any_op) -> !transform.any_op",
+                  "  transform.apply_patterns to %funcs {",
+                  "    transform.apply_patterns.tensor.fold_tensor_empty", "  } : !transform.any_op"]
+        lines += ["  transform.yield", "}", "}"]
+        script = ir.Module.parse("\n".join(lines))
+        module.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get()
+        for op in list(script.body.operations):
+            op.detach_from_parent()
+            module.body.append(op)
+    try:
+        run_passes(module, "builtin.module(transform-interpreter)")
+    finally:
+        for op in list(module.body.operations):
+            if op.name == "transform.named_sequence":
+                op.erase()
+        del module.operation.attributes["transform.with_named_sequence"]
+        for op in find_ops(module, lambda op: _ATTR in op.attributes):
+            del op.attributes[_ATTR]
+    run_passes(module, "builtin.module(canonicalize,cse)")
+
+
+def _own_init(op: ir.Operation) -> None:
+    """Give `op` a tensor.empty of its own as its output, if its output is one: CSE shares one
+    empty between the ops of a chain (and the chain's end), and slices of one tensor in a row's
+    loop made bufferization copy a row of the end's output into each fused op's buffer first."""
+    init = op.operands[len(op.operands) - 1]
+    empty = _producer(init)
+    if empty is not None and empty.name == "tensor.empty" and not list(empty.operands):
+        element = ir.RankedTensorType(init.type).element_type
+        with ir.InsertionPoint(op), op.location:
+            op.operands[len(op.operands) - 1] = tensor.EmptyOp(_shape(init), element).result
+
+
+def _match(mark: str) -> str:
+    return (f'transform.structured.match attributes{{{_ATTR} = "{mark}"}} in %root'
+            " : (!transform.any_op) -> !transform.any_op")
+
+
+def _static(value: ir.Value) -> bool:
+    return isinstance(value.type, ir.RankedTensorType) and None not in _shape(value)
+
+
+def _chain_end(op: ir.Operation) -> bool:
+    """An elementwise generic over static rows of at least MIN_ROW, of rank 2 or more."""
+    if op.name != "linalg.generic" or len(op.results) != 1 or not _static(op.results[0]):
+        return False
+    kinds = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+    shape = _shape(op.results[0])
+    return (len(shape) >= 2 and "reduction" not in str(kinds) and shape[-1] >= MIN_ROW
+            and map_dims(op)[-1] == list(range(len(shape))))
+
+
+def _row_local(op: ir.Operation, rows: int) -> bool:
+    """A generic whose loops are the `rows` row loops (in order, read so by its output) then at
+    most one more (the row's elements), every operand static and read along the row loops in
+    order (a row's statistic drops the last loop), or a fill of such a result."""
+    if op.name == "linalg.fill":
+        return len(op.results) == 1 and _static(op.results[0]) and len(_shape(op.results[0])) in (rows, rows + 1)
+    if op.name != "linalg.generic" or len(op.results) != 1:
+        return False
+    n_loops = len(ir.ArrayAttr(op.attributes["iterator_types"]))
+    if n_loops not in (rows, rows + 1) or not all(_static(v) for v in op.operands):
+        return False
+    head = list(range(rows))
+    kinds = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+    if any("reduction" in kinds[d] for d in head):
+        return False
+    return all(dims[:rows] == head or dims == [] or (dims and dims[0] >= rows) for dims in map_dims(op)[:-1]) \
+        and map_dims(op)[-1][:rows] == head
+
+
+def _reduces_rows(op: ir.Operation) -> bool:
+    kinds = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+    return "reduction" in kinds[-1] and sum("reduction" in k for k in kinds) == 1
+
+
+def _producer(value: ir.Value) -> ir.Operation | None:
+    return value.owner.operation if isinstance(value, ir.OpResult) else None
+
+
+def _row_producers(end: ir.Operation) -> list[ir.Operation]:
+    """The row-local ops (`_row_local`) that `end`'s inputs come from, transitively through
+    row-local ops, whose every use is in the chain (others would compute their rows twice)."""
+    rows = len(_shape(end.results[0])) - 1
+    found: list[ir.Operation] = []
+    pending = list(end.operands)
+    while pending:
+        op = _producer(pending.pop())
+        if op is not None and op not in found and _row_local(op, rows):
+            found.append(op)
+            pending += list(op.operands)
+    while True:
+        chain = {end.operation, *found}
+        kept = [op for op in found if all(u.owner.operation in chain for r in op.results for u in r.uses)]
+        if len(kept) == len(found):
+            return kept
+        found = kept
