@@ -44,6 +44,9 @@ register tiles sized to its vector register file, vector widths from its lanes).
   (0, 2, 3) once it reads through TOSA's transpose, `contractions.fold_transposes`, and its trailing
   reduction loops are one, `collapse_reductions`) keeps vector partial results along the row and
   sums across lanes once per row (`_row_reduction`, tiled as a dot product).
+- A chain of row-wise ops (a softmax, a layer norm: a row's statistic, the ops reading it, the
+  next statistic, the output) is first made one loop over the rows, each op of it then tiled as
+  above on one row (`rows.fuse_rows`; opt="default" only, "parallel" splits the passes instead).
 - Vector math (exp, erf, tanh, ...) becomes libmvec calls where usable (`vecmath`).
 - With opt="parallel", every other op with enough work (convolutions and contractions from
   SPLIT_MIN_MACS multiply-adds, other ops from SPLIT_MIN_ELEMENTS loop iterations) is first
