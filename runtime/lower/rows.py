@@ -14,6 +14,8 @@ does any op (`schedule.plans`).
 
 from __future__ import annotations
 
+import math
+
 from mlir import ir
 from mlir.dialects import tensor
 
@@ -24,8 +26,10 @@ _ATTR = "torchtosa.rows"  # marks a chain's last op ("<i>") and the producers fu
 MIN_ROW = 16  # shorter rows are left alone: a loop per row costs more than the passes it saves
 
 
-def fuse_rows(module: ir.Module) -> None:
-    """Fuse each row-wise chain of `module` per row (see the module docstring)."""
+def fuse_rows(module: ir.Module, split_from: int | None = None) -> None:
+    """Fuse each row-wise chain of `module` per row (see the module docstring). With
+    `split_from`, the loop over the rows of a chain of at least that many elements is an
+    scf.forall (which the "openmp" stage shares among threads)."""
     chains = []
     with module.context, ir.Location.unknown():
         for op in find_ops(module, _chain_end):
@@ -44,13 +48,18 @@ def fuse_rows(module: ir.Module) -> None:
             producers = [p for p in producers if p not in fused]  # fused into an earlier chain already
             fused.update(producers)
             op.attributes[_ATTR] = ir.StringAttr.get(str(i))
-            rank = len(_shape(op.results[0]))
-            tiles = ", ".join(["1"] * (rank - 1) + ["0"])
-            lines += [f"  %end{i} = {_match(str(i))}",
-                      f"  %tiled{i}, %loops{i}:{rank - 1} = transform.structured.tile_using_for %end{i}"
-                      f" tile_sizes [{tiles}] : (!transform.any_op) -> (!transform.any_op"
-                      + ", !transform.any_op" * (rank - 1) + ")"]
-            loop = f"%loops{i}#{rank - 2}"
+            shape = _shape(op.results[0])
+            tiles = ", ".join(["1"] * (len(shape) - 1) + ["0"])
+            lines.append(f"  %end{i} = {_match(str(i))}")
+            if split_from is not None and math.prod(shape) >= split_from:
+                lines.append(f"  %tiled{i}, %loop{i} = transform.structured.tile_using_forall %end{i}"
+                             f" tile_sizes [{tiles}] : (!transform.any_op) -> (!transform.any_op, !transform.any_op)")
+                loop = f"%loop{i}"
+            else:
+                lines.append(f"  %tiled{i}, %loops{i}:{len(shape) - 1} = transform.structured.tile_using_for %end{i}"
+                             f" tile_sizes [{tiles}] : (!transform.any_op) -> (!transform.any_op"
+                             + ", !transform.any_op" * (len(shape) - 1) + ")")
+                loop = f"%loops{i}#{len(shape) - 2}"
             # consumers first: a producer fused before its users would be cloned, its original kept for them
             for j, p in enumerate(sorted(producers, key=position.__getitem__, reverse=True)):
                 p.attributes[_ATTR] = ir.StringAttr.get(f"{i}.{j}")

@@ -46,7 +46,8 @@ register tiles sized to its vector register file, vector widths from its lanes).
   sums across lanes once per row (`_row_reduction`, tiled as a dot product).
 - A chain of row-wise ops (a softmax, a layer norm: a row's statistic, the ops reading it, the
   next statistic, the output) is first made one loop over the rows, each op of it then tiled as
-  above on one row (`rows.fuse_rows`; opt="default" only, "parallel" splits the passes instead).
+  above on one row (`rows.fuse_rows`; with opt="parallel" the loop over a large chain's rows is
+  an scf.forall).
 - Vector math (exp, erf, tanh, ...) becomes libmvec calls where usable (`vecmath`).
 - With opt="parallel", every other op with enough work (convolutions and contractions from
   SPLIT_MIN_MACS multiply-adds, other ops from SPLIT_MIN_ELEMENTS loop iterations) is first
@@ -176,8 +177,7 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
     cpu = cpu or select()
     tiles = derive(cpu)
     widen_arithmetic(module)
-    if not parallel:
-        fuse_rows(module)
+    fuse_rows(module, SPLIT_MIN_ELEMENTS if parallel and threads() > 1 else None)
     fold_transposes(module)
     split_prologues(module)
     collapse_outputs(module)
