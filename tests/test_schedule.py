@@ -898,8 +898,9 @@ def test_row_wise_chains_are_fused_per_row(name: str, dtype: torch.dtype) -> Non
     fn = ROW_CHAINS[name]
     x = (torch.randn(4, 32, 96) * 3).to(dtype)
     shapes = _allocated(_linalg(fn, x, stop_before="llvm"))
-    # one whole buffer, the output's (the caller's own once the "llvm" stage writes it in place); the rest a row's
-    assert len([s for s in shapes if "<4x32x96x" in s]) == 1 and "<1x1x96x" in str(shapes), shapes
+    # one whole buffer, the output's (the caller's own once the "llvm" stage writes it in place); the rest
+    # a few rows' (rows.ROW_ELEMENTS)
+    assert len([s for s in shapes if "<4x32x96x" in s]) == 1 and re.search(r"<1x\d+x96x", str(shapes)), shapes
     got, want = torchtosa.compile(fn, x)(x), fn(x)
     if dtype == torch.float32:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -916,5 +917,5 @@ def test_row_wise_chains_of_the_parallel_level_share_their_rows_among_threads() 
     ops = _ops(_linalg(fn, x, opt="parallel"))
     assert ("scf.forall" in ops) == (schedule.threads() > 1)
     shapes = _allocated(_linalg(fn, x, opt="parallel", stop_before="llvm"))
-    assert len([s for s in shapes if "<8x96x96x" in s]) <= 1 and "<1x1x96x" in str(shapes), shapes  # the output, rows
+    assert len([s for s in shapes if "<8x96x96x" in s]) <= 1 and re.search(r"<1x\d+x96x", str(shapes)), shapes
     torch.testing.assert_close(torchtosa.compile(fn, x, opt="parallel")(x), fn(x), rtol=1e-5, atol=1e-5)

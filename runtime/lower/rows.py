@@ -5,11 +5,12 @@ dimension (the row maximum, the mean), an elementwise op reading it (x - mean), 
 (the variance), the output. Each pass streams the whole tensor, from memory once it exceeds the
 caches; PyTorch's kernels walk it row by row, every pass over a row in L1. `fuse_rows(module)`
 does the same: for each elementwise generic (the chain's last op) that reads the result of a
-reduction along its last loop, it tiles the op by one row (every loop but the last) and fuses
+reduction along its last loop, it tiles the op by rows (one, or a few short ones: up to
+ROW_ELEMENTS elements; every loop but the last) and fuses
 into that loop the row-wise ops that produce its inputs, transitively: generics over the same
 rows (elementwise, or reducing the last loop only) and their fills. Other producers (a matmul
-computing the rows) stay whole. The schedule then tiles and vectorizes the ops of one row as it
-does any op (`schedule.plans`).
+computing the rows) stay whole. The schedule then tiles and vectorizes the ops of a tile of rows
+as it does any op (`schedule.plans`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .irutil import tensor_shape as _shape
 
 _ATTR = "torchtosa.rows"  # marks a chain's last op ("<i>") and the producers fused into its rows ("<i>p")
 MIN_ROW = 16  # shorter rows are left alone: a loop per row costs more than the passes it saves
+ROW_ELEMENTS = 256  # shorter rows go a few at a time, this many elements
 
 
 def fuse_rows(module: ir.Module, split_from: int | None = None) -> None:
@@ -49,7 +51,7 @@ def fuse_rows(module: ir.Module, split_from: int | None = None) -> None:
             fused.update(producers)
             op.attributes[_ATTR] = ir.StringAttr.get(str(i))
             shape = _shape(op.results[0])
-            tiles = ", ".join(["1"] * (len(shape) - 1) + ["0"])
+            tiles = ", ".join(["1"] * (len(shape) - 2) + [str(_rows_per_tile(shape)), "0"])
             lines.append(f"  %end{i} = {_match(str(i))}")
             if split_from is not None and math.prod(shape) >= split_from:
                 lines.append(f"  %tiled{i}, %loop{i} = transform.structured.tile_using_forall %end{i}"
@@ -89,6 +91,13 @@ def fuse_rows(module: ir.Module, split_from: int | None = None) -> None:
         for op in find_ops(module, lambda op: _ATTR in op.attributes):
             del op.attributes[_ATTR]
     run_passes(module, "builtin.module(canonicalize,cse)")
+
+
+def _rows_per_tile(shape: list[int]) -> int:
+    """Rows of a chain per iteration: short rows a few at a time, up to ROW_ELEMENTS elements
+    (the largest divisor of the row count that fits)."""
+    fits = max(1, ROW_ELEMENTS // shape[-1])
+    return max(d for d in range(1, min(fits, shape[-2]) + 1) if shape[-2] % d == 0)
 
 
 def _own_init(op: ir.Operation) -> None:
