@@ -5,10 +5,10 @@ dimension (the row maximum, the mean), an elementwise op reading it (x - mean), 
 (the variance), the output. Each pass streams the whole tensor, from memory once it exceeds the
 caches; PyTorch's kernels walk it row by row, every pass over a row in L1. `fuse_rows(module)`
 does the same: for each elementwise generic (the chain's last op) that reads the result of a
-reduction along its last loop, it tiles the op by rows (one, or a few short ones: up to
-ROW_ELEMENTS elements; every loop but the last) and fuses
-into that loop the row-wise ops that produce its inputs, transitively: generics over the same
-rows (elementwise, or reducing the last loop only) and their fills. Other producers (a matmul
+reduction along its last loop, it tiles the op by rows (every loop but the last: one row, or a
+few short ones of up to ROW_ELEMENTS elements in all) and fuses into that loop the row-wise ops
+that produce its inputs, transitively: generics over the same rows (elementwise, or reducing the
+last loop only) and their fills. Other producers (a matmul
 computing the rows) stay whole. The schedule then tiles and vectorizes the ops of a tile of rows
 as it does any op (`schedule.plans`).
 """
