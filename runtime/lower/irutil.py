@@ -67,6 +67,27 @@ def run_passes(module: ir.Module, pipeline: str) -> None:
     pm.run(module.operation)
 
 
+def run_transform(module: ir.Module, body: list[str]) -> None:
+    """Run a transform-dialect script on `module` with MLIR's interpreter: `body` is the lines of
+    its entry sequence, whose argument `%root` is the module; the script is removed afterwards,
+    whatever happens. Raises ir.MLIRError."""
+    script = ir.Module.parse("\n".join([
+        "module attributes {transform.with_named_sequence} {",
+        "transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {",
+        *body, "  transform.yield", "}", "}"]), context=module.context)
+    module.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get(module.context)
+    for op in list(script.body.operations):
+        op.detach_from_parent()
+        module.body.append(op)
+    try:
+        run_passes(module, "builtin.module(transform-interpreter)")
+    finally:
+        for op in list(module.body.operations):
+            if op.name == "transform.named_sequence":
+                op.erase()
+        del module.operation.attributes["transform.with_named_sequence"]
+
+
 def tensor_shape(value: ir.Value) -> list[int | None]:
     """The shape of a ranked tensor value, None for each dynamic dimension."""
     t = ir.RankedTensorType(value.type)

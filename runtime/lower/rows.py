@@ -20,7 +20,7 @@ import math
 from mlir import ir
 from mlir.dialects import tensor
 
-from .irutil import find_ops, map_dims, run_passes
+from .irutil import find_ops, map_dims, run_passes, run_transform
 from .irutil import tensor_shape as _shape
 
 _ATTR = "torchtosa.rows"  # marks a chain's last op ("<i>") and the producers fused into its rows ("<i>p")
@@ -44,8 +44,7 @@ def fuse_rows(module: ir.Module, split_from: int | None = None) -> None:
             return
         fused: set[ir.Operation] = set()
         position = {op.operation: i for i, op in enumerate(find_ops(module, lambda op: True))}
-        lines = ["module attributes {transform.with_named_sequence} {",
-                 "transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {"]
+        lines: list[str] = []
         for i, (op, producers) in enumerate(chains):
             producers = [p for p in producers if p not in fused]  # fused into an earlier chain already
             fused.update(producers)
@@ -75,19 +74,9 @@ def fuse_rows(module: ir.Module, split_from: int | None = None) -> None:
                   " : (!transform.any_op) -> !transform.any_op",
                   "  transform.apply_patterns to %funcs {",
                   "    transform.apply_patterns.tensor.fold_tensor_empty", "  } : !transform.any_op"]
-        lines += ["  transform.yield", "}", "}"]
-        script = ir.Module.parse("\n".join(lines))
-        module.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get()
-        for op in list(script.body.operations):
-            op.detach_from_parent()
-            module.body.append(op)
     try:
-        run_passes(module, "builtin.module(transform-interpreter)")
+        run_transform(module, lines)
     finally:
-        for op in list(module.body.operations):
-            if op.name == "transform.named_sequence":
-                op.erase()
-        del module.operation.attributes["transform.with_named_sequence"]
         for op in find_ops(module, lambda op: _ATTR in op.attributes):
             del op.attributes[_ATTR]
     run_passes(module, "builtin.module(canonicalize,cse)")

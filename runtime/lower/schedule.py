@@ -83,7 +83,7 @@ from .convolutions import CONV_HWCF as _CONV_HWCF
 from .convolutions import DEPTHWISE as _DEPTHWISE
 from .convolutions import pads_in_place, static_f32
 from .half import is_half, widen_arithmetic
-from .irutil import collapse, dims_map, expand, find_ops, map_dims, run_passes
+from .irutil import collapse, dims_map, expand, find_ops, map_dims, run_passes, run_transform
 from .irutil import tensor_dim as _dim
 from .irutil import tensor_shape as _shape
 from .rows import fuse_rows
@@ -208,19 +208,10 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
         for key, ops in groups.items():
             for op in ops:
                 op.attributes[_TILE_ATTR] = ir.StringAttr.get(_key(key))
-        script = ir.Module.parse(_script(groups, tiles))
-        module.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get()
-        for op in list(script.body.operations):
-            op.detach_from_parent()
-            module.body.append(op)
     try:
         module.operation.verify()  # the interpreter runs unverified on what pack_panels built
-        run_passes(module, "builtin.module(transform-interpreter)")
+        run_transform(module, _script(groups, tiles))
     finally:
-        for op in list(module.body.operations):
-            if op.name == "transform.named_sequence":
-                op.erase()
-        del module.operation.attributes["transform.with_named_sequence"]
         _drop_tile_attrs(module)
     zero_accumulators(module)
     inline_single_iterations(module)
@@ -1523,17 +1514,14 @@ def _key(key: Key) -> str:
     return ":".join(parts)
 
 
-def _script(groups: dict[Key, list[ir.Operation]], tiles: Tiles) -> str:
-    """The transform script: tile each group's ops and vectorize the tiles.
+def _script(groups: dict[Key, list[ir.Operation]], tiles: Tiles) -> list[str]:
+    """The transform script's lines (`irutil.run_transform`): tile each group's ops and vectorize the tiles.
 
     A group with partial tiles (`plan`) is tiled by `_Remainders`: whole tiles as static ones,
     the remainder in smaller static tiles. After canonicalization has given every tile its
     static shape, all are vectorized without masks.
     """
-    lines = [
-        "module attributes {transform.with_named_sequence} {",
-        "transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {",
-    ]
+    lines: list[str] = []
     any_op = "!transform.any_op"
     peeled = []
     for i, key in enumerate(groups):
@@ -1605,8 +1593,7 @@ def _script(groups: dict[Key, list[ir.Operation]], tiles: Tiles) -> str:
     transpose = _TRANSPOSE_LOWERING.get(tiles.transpose, 'lowering_strategy = "eltwise"')
     lowering = _LOWERING.replace("$TRANSPOSE", transpose)
     lines += [f"  transform.foreach %funcs : {any_op} {{", f"  ^bb0(%func: {any_op}):", lowering, "  }"]
-    lines += ["  transform.yield", "}", "}"]
-    return "\n".join(lines)
+    return lines
 
 
 def _dot_lines(i: int, sizes: tuple[int, ...], split: tuple[int, ...]) -> list[str]:
