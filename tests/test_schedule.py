@@ -30,7 +30,7 @@ from torchtosa.lower import contractions, pipeline, schedule, vecmath
 from torchtosa.lower.contractions import fold_transposes, sum_of_products
 from torchtosa.lower.irutil import context, find_ops
 from torchtosa.lower.schedule import _column_divisor, _divisor, _peel_rows, collapse_reductions, plan
-from torchtosa.lower.tiles import derive
+from torchtosa.lower.tiles import DOT_MAX_ROWS, derive
 from torchtosa.lower.zero_init import zero_accumulators
 
 
@@ -92,7 +92,7 @@ def test_half_precision_is_vectorized_in_f32() -> None:
     only as loaded and extended to f32 or truncated and stored, and computes bf16 arithmetic in
     f32, rounded after each op (`half.widen_arithmetic`: as LLVM computes a scalar bf16 op and
     PyTorch a bf16 kernel, so fused ops equal eager's bit for bit); bf16 products into f32 sums
-    run as dot products (one row) or over panels extended to f32 as they are packed."""
+    run as dot products (up to DOT_MAX_ROWS rows) or over panels extended to f32 as they are packed."""
     x, y = torch.randn(4, 80, dtype=torch.bfloat16), torch.randn(4, 80, dtype=torch.bfloat16)
     w = torch.randn(48, 80, dtype=torch.bfloat16)
 
@@ -104,7 +104,8 @@ def test_half_precision_is_vectorized_in_f32() -> None:
     assert torch.equal(torchtosa.compile(chain, x, y)(x, y), chain(x, y))
     assert "vector.transfer_read" in _ops(_linalg(torch.tanh, x))
     torch.testing.assert_close(torchtosa.compile(torch.tanh, x)(x), torch.tanh(x))
-    for rows, vectorized in ((x[:1], "vector.reduction"), (x, "vector.fma")):  # dot products, register tiles
+    many = torch.randn(DOT_MAX_ROWS + 4, 80, dtype=torch.bfloat16)
+    for rows, vectorized in ((x[:1], "vector.reduction"), (x, "vector.reduction"), (many, "vector.fma")):
         ops = _ops(_linalg(lambda a, b: a @ b.t(), rows, w))
         assert vectorized in ops and not any(n.endswith("matmul") for n in ops)
         torch.testing.assert_close(torchtosa.compile(lambda a, b: a @ b.t(), rows, w)(rows, w), rows @ w.t())
@@ -344,19 +345,23 @@ class _Heads(nn.Module):
         return self.o(rotated.transpose(1, 2).reshape(x.shape))
 
 
+@pytest.mark.parametrize("tokens", [DOT_MAX_ROWS, 2 * DOT_MAX_ROWS])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_head_projections_of_several_rows_are_packed_matmuls(dtype: torch.dtype) -> None:
+def test_head_projections_of_several_rows_read_the_weight_by_panels_or_as_stored(dtype: torch.dtype,
+                                                                                 tokens: int) -> None:
     """Projections of several tokens to and from attention heads: fusion leaves generic
     contractions whose columns (or k) are (heads, head_dim), reading the weight viewed so and
     transposed (the heads merged again by `collapse_outputs`). `contractions.normalize` reads that
-    as the weight's transpose, which packing takes panel by panel; before, each whole weight was
-    transposed at every call (a 4-layer Llama of hidden size 1024, 8-token prefill, one thread:
-    f32 0.81x -> 0.52x eager's time, bf16 1.6x -> 1.16x)."""
+    as the weight's transpose, which packing takes panel by panel, or, for a few rows, dot
+    products read as stored; before, each whole weight was transposed at every call (a 4-layer
+    Llama of hidden size 1024, 8-token prefill, one thread: f32 0.81x -> 0.52x eager's time, bf16
+    1.6x -> 1.16x)."""
     model = _Heads().eval().to(dtype)
-    x = torch.randn(1, 8, 256, dtype=dtype)
+    x = torch.randn(1, tokens, 256, dtype=dtype)
     shapes = _allocated(_linalg(model, x, stop_before="llvm"))
     assert not [s for s in shapes if re.search(r"<(256x256|256x4x64|4x64x256)x", s)]  # the whole weight
-    assert f"memref<256x{derive(select()).matmul[1]}xf32>" in shapes  # one panel
+    panel = f"memref<256x{derive(select()).matmul[1]}xf32>"
+    assert (panel in shapes) == (tokens > DOT_MAX_ROWS)  # one panel, or none
     with torch.no_grad():
         got = torchtosa.compile(model, x)(x)
         if dtype == torch.float32:
@@ -643,6 +648,30 @@ def test_large_vector_matrix_products_read_their_rows_as_streams(dtype: torch.dt
         x = torch.randn(1, k, dtype=dtype)
         text = str(_linalg(linear, x, opt=opt, stop_before="bufferize"))
         assert (f"tensor<{streams}x{n // streams}x{k}x" in text) == interleaved
+        with torch.no_grad():
+            expected = (x.float() @ linear.weight.float().t()).to(dtype)  # f32 sums, rounded once
+            torch.testing.assert_close(torchtosa.compile(linear, x, opt=opt)(x), expected,
+                                       **({"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {}))
+
+
+@pytest.mark.parametrize("opt", ["default", "parallel"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_products_of_a_few_rows_read_the_weight_as_dot_products(dtype: torch.dtype, opt: str) -> None:
+    """A prefill of a few tokens (up to DOT_MAX_ROWS rows) reads nn.Linear's weight as stored, as
+    dot products of register tiles of rows x columns, with no panel packed (8 bf16 rows by a
+    1024 x 2816 weight, one thread: 724 -> 576 us, f32 855 -> 619 us; eager 480 and 1300); more
+    rows are packed. A weight larger than the L2 cache is read in column tiles of adjacent rows
+    (`_interleave_streams` is for one row: with several, MLIR's vectorizer broadcast the weight
+    along the wrong dimension of the interleaved tile). All agree with eager."""
+    tiles = derive(select())
+    big = -(-2 * tiles.streamed_matrix_bytes // (256 * dtype.itemsize) // 64) * 64  # from memory
+    for rows, n in ((2, 96), (DOT_MAX_ROWS, 96), (tiles.dot_rows, big), (DOT_MAX_ROWS + 1, 96)):
+        linear = nn.Linear(256, n, bias=False).to(dtype).eval()
+        x = torch.randn(1, rows, 256, dtype=dtype)
+        module = _linalg(linear, x, opt=opt, stop_before="llvm")
+        dot = rows <= DOT_MAX_ROWS
+        assert ("vector.reduction" in _ops(module)) == dot
+        assert any(re.fullmatch(rf"memref<256x{tiles.matmul[1]}xf32>", s) for s in _allocated(module)) != dot
         with torch.no_grad():
             expected = (x.float() @ linear.weight.float().t()).to(dtype)  # f32 sums, rounded once
             torch.testing.assert_close(torchtosa.compile(linear, x, opt=opt)(x), expected,

@@ -22,10 +22,11 @@ register tiles sized to its vector register file, vector widths from its lanes).
   that stay in the L2 while every panel passes (`_row_blocks`, BLIS's mc blocking): Winograd's
   16 x [1568 x 128] x [128 x 128] batch matmul 11.6 -> 11.0 ms on Zen 4, ResNet-50 at batch 8
   (with Winograd) 756 -> 706 ms.
-- A contraction of one row whose second operand is a transpose of a tensor stored along k (a
-  decoding step's nn.Linear, attention's q @ k^T for one query) reads that tensor directly, as
-  dot products (`_dot_form`): a register tile of `Tiles.dot` output columns x a chunk of k,
-  vector accumulators carried through the k loop and summed across lanes once
+- A contraction of one row, or a few (up to DOT_MAX_ROWS: a prefill of a few tokens), whose
+  second operand is a transpose of a tensor stored along k (nn.Linear's weight, attention's
+  q @ k^T) reads that tensor directly, as dot products (`_dot_form`): a register tile of
+  `Tiles.dot` output columns x a chunk of k (and `Tiles.dot_rows` rows, the column tiles
+  outside), vector accumulators carried through the k loop and summed across lanes once
   (`tile_reduction_using_for`). Packing would transpose the whole weight at every call.
 - 2-D convolutions (NHWC) get the same register tile over (output column, output channel); each
   tile, one output row and one filter tap, is decomposed into a 1-D convolution and vectorized.
@@ -87,7 +88,7 @@ from .irutil import collapse, dims_map, expand, find_ops, map_dims, run_passes, 
 from .irutil import tensor_dim as _dim
 from .irutil import tensor_shape as _shape
 from .rows import fuse_rows
-from .tiles import Tiles, derive
+from .tiles import DOT_MAX_ROWS, Tiles, derive
 from .zero_init import drop_zero_fills, zero_accumulators
 
 _CONTRACTIONS = {"linalg.batch_matmul": 1, "linalg.matmul": 0}  # op -> number of batch loops
@@ -378,13 +379,13 @@ def _widening(op: ir.Operation) -> bool:
 
 def _dot_source(op: ir.Operation, loops: tuple[Extent, ...], tiles: Tiles) -> ir.Operation | None:
     """The transpose producing a named contraction's second operand (f32, or bf16/f16 into f32
-    sums), if the contraction has
-    one row (m = 1), static columns and k, the transpose's input is stored along k and a whole
-    number of `Tiles.dot` chunks long in k: the contraction is then better read as dot products."""
+    sums), if the contraction has a few static rows (m up to DOT_MAX_ROWS), static columns and k,
+    the transpose's input is stored along k and a whole number of vectors long in k: the
+    contraction is then better read as dot products."""
     m = _CONTRACTIONS[op.name]
     rhs = op.operands[1]
     producer = rhs.owner if isinstance(rhs, ir.OpResult) else None
-    if (loops[m] != 1 or None in loops[m:] or producer is None or producer.name != "linalg.transpose"
+    if (None in loops[m:] or loops[m] > DOT_MAX_ROWS or producer is None or producer.name != "linalg.transpose"
             or len(list(rhs.uses)) != 1 or not (isinstance(ir.RankedTensorType(rhs.type).element_type, ir.F32Type)
                                                  or _half_contraction_loops(op) is not None)):
         return None
@@ -402,11 +403,14 @@ def _dot_form(op: ir.Operation, transpose: ir.Operation) -> None:
     source = transpose.operands[0]
     perm = list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"]))
     m, n, k = batch, batch + 1, batch + 2
+    element = ir.RankedTensorType(init.type).element_type
+    if _shape(lhs)[m] != 1 and ir.RankedTensorType(lhs.type).element_type != element:
+        with ir.InsertionPoint(op), op.location:  # rows extended once, not once per column tile
+            lhs = _extended(lhs)
     rhs_loops = [*range(batch), k, n]  # the loop of each dimension of the contraction's second operand
     source_loops = [rhs_loops[perm.index(d)] for d in range(len(perm))]
     rank = batch + 3
     maps = [[*range(batch), m, k], source_loops, [*range(batch), m, n]]
-    element = ir.RankedTensorType(init.type).element_type
     with ir.InsertionPoint(op), op.location:
         attr = ir.ArrayAttr.get([dims_map(rank, dims) for dims in maps])
         kinds = [ir.Attribute.parse(f"#linalg.iterator_type<{'reduction' if d == k else 'parallel'}>")
@@ -452,6 +456,8 @@ def _interleave_streams(op: ir.Operation, tiles: Tiles) -> None:
     if (None in sizes or sizes[n] % streams or sizes[n] // streams < 2 or not width
             or sizes[n] * sizes[k] * width < tiles.streamed_matrix_bytes):
         return
+    if _dot_rows(op, n, k) is not None:  # several rows: MLIR's vectorizer broadcast the interleaved
+        return  # tile's weight along its rows (wrong results); the column tiles read adjacent rows
     rank, g, r = len(sizes) + 1, n, n + 1
     renumber = [d if d < n else d + 1 for d in range(len(sizes))]  # loops after n move one on
 
@@ -489,9 +495,10 @@ def _interleave_streams(op: ir.Operation, tiles: Tiles) -> None:
 def _dot_loops(op: ir.Operation) -> tuple[int, int] | None:
     """The (n, k) loops of a vector-matrix product in dot form, else None: every input read along
     the one reduction loop k, the innermost; the last parallel loop n read by the output and by one
-    input (the matrix) but not the other (the vector), which reads no loop of a size above 1 but k
-    and the matrix's batch loops (`_dot_form`'s generics, with one row m; those `contractions.
-    fold_transposes` leaves; and `_interleave_streams`', whose output reads n before another loop)."""
+    input (the matrix) but not the other (the vector), which reads no loop of a size above 1 but k,
+    the matrix's batch loops and at most one loop of rows of a static size up to DOT_MAX_ROWS
+    (`_dot_rows`) (`_dot_form`'s generics; those `contractions.fold_transposes` leaves; and
+    `_interleave_streams`', whose output reads n before another loop)."""
     if sum_of_products(op) is None:
         return None
     maps = map_dims(op)
@@ -507,9 +514,19 @@ def _dot_loops(op: ir.Operation) -> tuple[int, int] | None:
     vectors, matrices = [d for d in maps[:-1] if n not in d], [d for d in maps[:-1] if n in d]
     if sizes is None or None in (sizes[n], sizes[k]) or len(vectors) != 1 or len(matrices) != 1:
         return None
-    if any(sizes[d] != 1 and d not in matrices[0] for d in vectors[0]):
+    rows = [d for d in vectors[0] if sizes[d] != 1 and d not in matrices[0]]
+    if len(rows) > 1 or any(sizes[d] is None or sizes[d] > DOT_MAX_ROWS for d in rows):
         return None
     return n, k
+
+
+def _dot_rows(op: ir.Operation, n: int, k: int) -> int | None:
+    """The loop of rows (m) of a product in dot form (`_dot_loops`) of more than one row, else None."""
+    sizes = _loop_sizes(op)
+    maps = map_dims(op)
+    vector = next(dims for dims in maps[:-1] if n not in dims)
+    matrix = next(dims for dims in maps[:-1] if n in dims)
+    return next((d for d in vector if d != k and d not in matrix and sizes[d] != 1), None)
 
 
 # What a row's partial results combine with: the ops tile_reduction_using_for knows the
@@ -887,7 +904,14 @@ def _plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
     if dot is not None and loops[dot[1]] % t.lanes == 0:
         n, k = dot
         sizes[n] = _divisor(loops[n], t.dot[0])
-        sizes[k] = _divisor(loops[k] // t.lanes, t.dot[1] // t.lanes) * t.lanes
+        vectors = t.dot[1] // t.lanes  # of k, per column: fewer with more rows in the tile
+        m = _dot_rows(op, n, k)
+        if m is not None:  # the column tiles outside the rows: a tile's columns stay in L1
+            sizes[m] = _divisor(loops[m], t.dot_rows)
+            vectors = max(1, vectors // sizes[m])
+            order.remove(n)
+            order.insert(order.index(m), n)
+        sizes[k] = _divisor(loops[k] // t.lanes, vectors) * t.lanes
         return tuple(sizes), tuple(order), (), ()
     if _row_reduction(op, t.lanes):  # partial results in registers, as a dot product's
         sizes[-1] = _lanes_divisor(loops[-1], t.vector, t.lanes)
@@ -1553,7 +1577,7 @@ def _script(groups: dict[Key, list[ir.Operation]], tiles: Tiles) -> list[str]:
         results = ", ".join([any_op] * (1 + len(sizes)))
         target = f"%ops{i}"
         if kind == _DOT:
-            lines += _dot_lines(i, sizes, split)
+            lines += _dot_lines(i, sizes, order, split)
             continue
         if kind == _CONV:  # filter to HWCF, then each tile (one output row, one filter tap) is a 1-D conv
             lines.append(f"  %ops{i}_hwcf = transform.structured.transpose_conv2d %ops{i} : ({any_op}) -> {any_op}")
@@ -1596,10 +1620,11 @@ def _script(groups: dict[Key, list[ir.Operation]], tiles: Tiles) -> list[str]:
     return lines
 
 
-def _dot_lines(i: int, sizes: tuple[int, ...], split: tuple[int, ...]) -> list[str]:
+def _dot_lines(i: int, sizes: tuple[int, ...], order: tuple[int, ...], split: tuple[int, ...]) -> list[str]:
     """Transform-script lines for group `i` of vector-matrix products in dot form: tiled over
-    its output (by thread chunks first if `split`), then its k loop split into vector chunks whose
-    partial sums stay in registers (`tile_reduction_using_for`), all three parts vectorized."""
+    its output in `order` (by thread chunks first if `split`), then its k loop split into vector
+    chunks whose partial sums stay in registers (`tile_reduction_using_for`), all three parts
+    vectorized."""
     any_op = "!transform.any_op"
     lines, target = [], f"%ops{i}"
     if split:
@@ -1612,7 +1637,8 @@ def _dot_lines(i: int, sizes: tuple[int, ...], split: tuple[int, ...]) -> list[s
     if any(outer):
         results = ", ".join([any_op] * (1 + sum(1 for s in outer if s)))
         lines.append(f"  %tiled{i}, %loops{i}:{sum(1 for s in outer if s)} = transform.structured.tile_using_for "
-                     f"{target} tile_sizes [{', '.join(map(str, outer))}] : ({any_op}) -> ({results})")
+                     f"{target} tile_sizes [{', '.join(map(str, outer))}] interchange = [{', '.join(map(str, order))}]"
+                     f" : ({any_op}) -> ({results})")
         target = f"%tiled{i}"
     inner = ", ".join(str(sizes[-1] if d == len(sizes) - 1 else 0) for d in range(len(sizes)))
     lines.append(f"  %fill{i}, %part{i}, %sum{i}, %kloop{i} = transform.structured.tile_reduction_using_for "
