@@ -37,6 +37,7 @@ class Cpu:
     int8_dot: str  # "none" or "avx512_vnni"
     vecmath: str  # libmvec's variant: "none", "avx2" or "avx512"
     bf16_round: str  # "integer" (lower/half.py), "avx512_bf16" or "bf16": an instruction
+    bf16_dot: str  # "none" or "avx512_bf16" (vdpbf16ps, lower/bf16_dot.py)
     where: str  # "opdefs/cpus.yaml:23"
 
     @property
@@ -58,7 +59,8 @@ class Cpu:
         """One line for reports: name, LLVM CPU, vector registers."""
         origin = "this machine" if self.native else "forced"
         return (f"{self.name} ({origin}; LLVM CPU {self.llvm_cpu}, {self.vector_registers} x {self.vector_bits}-bit "
-                f"vector registers, int8 dot product: {self.int8_dot}, vector math: {self.vecmath})")
+                f"vector registers, int8 dot product: {self.int8_dot}, bf16 dot product: {self.bf16_dot}, "
+                f"vector math: {self.vecmath})")
 
 
 @functools.cache

@@ -212,6 +212,7 @@ base-avx2:
   int8_dot: none
   vecmath: avx2
   bf16_round: integer
+  bf16_dot: none
 refined:
   doc: a refinement
   base: base-avx2
@@ -231,6 +232,8 @@ CPU_MISTAKES = [
     ("vnni-needs-features", [("  int8_dot: none", "  int8_dot: ‸avx512_vnni")], "int8_dot 'avx512_vnni' needs"),
     ("bf16-needs-features", [("  bf16_round: integer", "  bf16_round: ‸avx512_bf16")],
      "bf16_round 'avx512_bf16' needs the features ['avx512_bf16']"),
+    ("bf16-dot-needs-features", [("  bf16_dot: none", "  bf16_dot: ‸avx512_bf16")],
+     "bf16_dot 'avx512_bf16' needs the features ['avx512_bf16']"),
     ("bf16-of-another-arch", [("  bf16_round: integer", "  bf16_round: ‸bf16")], "bf16_round 'bf16' on x86_64"),
     ("vector-bits", [("{bits: 512, registers: 32}", "{bits: 384, registers: 32}"), ("refined:", "‸refined:")],
      "vector bits 384"),

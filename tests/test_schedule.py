@@ -639,15 +639,21 @@ def test_vector_matrix_products_read_the_weight_as_dot_products(name: str, in_fe
 def test_large_vector_matrix_products_read_their_rows_as_streams(dtype: torch.dtype, opt: str) -> None:
     """A weight larger than the L2 cache (a decoding step's, from memory) is read as `Tiles.dot[0]`
     sequential streams: the columns of a register tile are rows N/streams apart (the weight
-    viewed [streams, N/streams, K]); a smaller one keeps adjacent rows. Both agree with eager."""
+    viewed [streams, N/streams, K]; in the `bf16_dot` kernel, its column tiles' rows so apart); a
+    smaller one keeps adjacent rows. Both agree with eager."""
     tiles = derive(select())
     streams, k = tiles.dot[0], 256
     big = -(-2 * tiles.streamed_matrix_bytes // (k * dtype.itemsize) // 64) * 64  # twice the threshold
+    pairs = (dtype == torch.bfloat16 and select().bf16_dot == "avx512_bf16"
+             and (opt == "default" or schedule.threads() == 1))  # `schedule.bf16_dot_products`
     for n, interleaved in ((big, True), (64, False)):
         linear = nn.Linear(k, n, bias=False).to(dtype).eval()
         x = torch.randn(1, k, dtype=dtype)
         text = str(_linalg(linear, x, opt=opt, stop_before="bufferize"))
-        assert (f"tensor<{streams}x{n // streams}x{k}x" in text) == interleaved
+        if pairs:
+            assert ("_streams(" in text) == interleaved
+        else:
+            assert (f"tensor<{streams}x{n // streams}x{k}x" in text) == interleaved
         with torch.no_grad():
             expected = (x.float() @ linear.weight.float().t()).to(dtype)  # f32 sums, rounded once
             torch.testing.assert_close(torchtosa.compile(linear, x, opt=opt)(x), expected,
@@ -906,6 +912,27 @@ def test_half_precision_transposes_are_vectorized(dtype: torch.dtype, tmp_path: 
         else:
             _, lowered = _lowered(c, shuffle, (w, heads))
             assert _llc(c, lowered, tmp_path, "obj").stat().st_size > 0
+
+
+def test_bf16_products_of_a_few_rows_multiply_pairs_where_the_cpu_can(tmp_path: Path) -> None:
+    """A bf16 product of a few rows by a weight stored along k multiplies bf16 pairs as stored
+    (`vdpbf16ps`, `lower/bf16_dot.py`) for every entry with AVX512-BF16, and extends them to f32
+    for the others; results are f32 sums of exact products rounded to bf16 once, on every entry
+    this machine runs (the others through LLVM). One row, and 6 (a tile of 4, then single rows)."""
+    torch.manual_seed(0)
+    linear = nn.Linear(256, 96, bias=False).to(torch.bfloat16).eval()
+    for rows in (1, 6):
+        x = torch.randn(1, rows, 256, dtype=torch.bfloat16)
+        expected = x.float() @ linear.weight.float().t()
+        for name, c in sorted(table().items()):
+            if c.arch != "x86_64":
+                continue
+            with torch.no_grad():
+                _, lowered = _lowered(c, linear, (x,))
+                assert ("vdpbf16ps" in _llc(c, lowered, tmp_path, "asm").read_text()) == (c.bf16_dot == "avx512_bf16")
+                if c.runs_here:
+                    got = torchtosa.compile(linear, x, cpu=name)(x).float()
+                    torch.testing.assert_close(got, expected, rtol=2**-8, atol=2**-8 * expected.abs().max().item())
 
 
 ROW_CHAINS = {

@@ -116,7 +116,8 @@ PIPELINES: dict[str, str] = {
     # become libm calls (vector ones one element at a time), before the vector lowering.
     "llvm": "builtin.module("
     "convert-vector-to-scf{full-unroll=true},convert-linalg-to-loops,expand-strided-metadata,lower-affine,"
-    "convert-scf-to-cf,convert-math-to-llvm,convert-math-to-libm,convert-vector-to-llvm,convert-ub-to-llvm,"
+    "convert-scf-to-cf,convert-math-to-llvm,convert-math-to-libm,convert-vector-to-llvm{enable-x86vector=true},"
+    "convert-ub-to-llvm,"
     "finalize-memref-to-llvm,convert-arith-to-llvm,convert-func-to-llvm,"
     "convert-cf-to-llvm,convert-openmp-to-llvm,reconcile-unrealized-casts)",
 }

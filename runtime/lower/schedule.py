@@ -27,7 +27,9 @@ register tiles sized to its vector register file, vector widths from its lanes).
   q @ k^T) reads that tensor directly, as dot products (`_dot_form`): a register tile of
   `Tiles.dot` output columns x a chunk of k (and `Tiles.dot_rows` rows, the column tiles
   outside), vector accumulators carried through the k loop and summed across lanes once
-  (`tile_reduction_using_for`). Packing would transpose the whole weight at every call.
+  (`tile_reduction_using_for`). Packing would transpose the whole weight at every call. In bf16,
+  on a CPU with AVX512-BF16 and one thread, such a product is a call of a `bf16_dot` kernel
+  instead, which multiplies the bf16 pairs as stored (`bf16_dot_products`).
 - 2-D convolutions (NHWC) get the same register tile over (output column, output channel); each
   tile, one output row and one filter tap, is decomposed into a 1-D convolution and vectorized.
   One of more output channels than a column tile is first a loop over panels of them, each
@@ -73,11 +75,11 @@ import os
 from collections.abc import Callable, Sequence
 
 from mlir import ir
-from mlir.dialects import arith, linalg, scf, tensor
+from mlir.dialects import arith, func, linalg, scf, tensor
 
 from ..cpu import Cpu, cores, select
 from ..internal import blaming
-from . import vecmath
+from . import bf16_dot, vecmath
 from .contractions import contraction_of_inputs, fold_transposes, normalize, sum_of_products
 from .convolutions import CONV as _CONV
 from .convolutions import CONV_HWCF as _CONV_HWCF
@@ -185,6 +187,8 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
     collapse_reductions(module)
     normalize(module)
     pads_in_place(module)
+    if bf16_dot.available(cpu) and not (parallel and threads() > 1):
+        bf16_dot_products(module, tiles)
     pack_panels(module, parallel, tiles)
     interleave_streams(module, tiles)
     chunks = threads() if parallel else 1
@@ -222,6 +226,58 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
     _reassociate_reductions(module)
     if vecmath.library(cpu) is not None:
         vecmath.use_vector_library(module, cpu)
+
+
+def bf16_dot_products(module: ir.Module, tiles: Tiles) -> None:
+    """Replace each bf16 contraction into f32 sums that reads as dot products (`_dot_source`: a
+    few rows by a transposed weight stored along k), of one batch and shapes `bf16_dot.fits`
+    takes, by a call of a `bf16_dot.kernel` (vdpbf16ps on the bf16 pairs as stored; for a CPU
+    whose entry has AVX512-BF16, and one thread: the kernel is not split among threads)."""
+    with module.context, ir.Location.unknown():
+        for op in find_ops(module, lambda op: op.name in _CONTRACTIONS):
+            with blaming(op):
+                _bf16_dot_product(op, tiles)
+
+
+def _bf16_dot_product(op: ir.Operation, tiles: Tiles) -> None:
+    loops = _half_contraction_loops(op)
+    if loops is None or not all(isinstance(ir.RankedTensorType(v.type).element_type, ir.BF16Type)
+                                for v in list(op.operands)[:2]):
+        return
+    batch = _CONTRACTIONS[op.name]
+    m, n, k = loops[batch:]
+    transpose = _dot_source(op, loops, tiles)
+    if (transpose is None or any(size != 1 for size in loops[:batch]) or not bf16_dot.fits(m, k, n)
+            or list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"])) != [*range(batch), batch + 1, batch]):
+        return
+    lhs, _, init = list(op.operands)[:3]
+    groups = [[0, 1], [2]] if batch else [[0], [1]]
+    rows = min(tiles.dot_rows, bf16_dot.ACCUMULATORS // bf16_dot.COLUMNS)
+    streams = n * k * 2 >= tiles.streamed_matrix_bytes
+    name = f"torchtosa_bf16_dot_{m}x{k}x{n}_{rows}{'_streams' if streams else ''}"
+    _insert_function(op, name, bf16_dot.kernel(name, m, k, n, rows, streams))
+    with ir.InsertionPoint(op), op.location:
+        operands = [collapse(v, groups) for v in (lhs, transpose.operands[0], init)]
+        call = func.CallOp([operands[2].type], ir.FlatSymbolRefAttr.get(name), operands).result
+        result = expand(call, groups, _shape(init))
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
+    transpose.erase()
+
+
+def _insert_function(anchor: ir.Operation, name: str, source: str) -> None:
+    """Add the private function `name` (MLIR text `source`) to the module of `anchor`, unless there."""
+    module_op = anchor.parent
+    while module_op.name != "builtin.module":
+        module_op = module_op.parent
+    block = module_op.regions[0].blocks[0]
+    if any(o.operation.name == "func.func" and ir.StringAttr(o.attributes["sym_name"]).value == name
+           for o in block.operations):
+        return
+    parsed = ir.Module.parse(source)  # alive while its function moves out of it
+    function = parsed.body.operations[0]
+    function.detach_from_parent()
+    block.append(function)
 
 
 def pack_panels(module: ir.Module, parallel: bool = False, tiles: Tiles | None = None) -> None:
