@@ -1,8 +1,8 @@
 """The CPU table, opdefs/cpus.yaml: entries checked, `base` refinements resolved.
 
 Each entry is checked as an op entry is: unknown keys, features a CPU of its arch can't report,
-widths that are not whole vectors, an int8 or bf16 dot product, vector-math library or bf16
-rounding the entry's features don't provide, are errors at `make gen` with file:line:col.
+widths that are not whole vectors, an int8 or bf16 dot product, bf16 matrix multiply,
+vector-math library or bf16 rounding the entry's features don't provide, are errors at `make gen` with file:line:col.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ KEYS = {
     "vecmath": "libmvec's vector ABI variant, or none",
     "bf16_round": "how vectors of f32 round to bf16: an instruction set's, or integer",
     "bf16_dot": "the bf16 dot product of bf16 products read as stored, or none",
+    "bf16_matmul": "the bf16 matrix multiply of bf16 products of more rows (amx), or none",
 }
 REQUIRED = ("doc", "arch", "llvm_cpu", "features", "vector", "fma_units", "cache", "int8_dot", "vecmath", "bf16_round",
-            "bf16_dot")
+            "bf16_dot", "bf16_matmul")
 
 # The flags an entry may name, per arch (/proc/cpuinfo's spelling), and what each other choice needs.
 FEATURES = {
@@ -45,6 +46,7 @@ VECMATH = {"none": {"x86_64": set(), "aarch64": set()}, "avx2": {"x86_64": {"avx
 BF16_ROUND = {"integer": {"x86_64": set(), "aarch64": set()}, "avx512_bf16": {"x86_64": {"avx512_bf16"}},
               "bf16": {"aarch64": {"bf16"}}}
 BF16_DOT = {"none": {"x86_64": set(), "aarch64": set()}, "avx512_bf16": {"x86_64": {"avx512_bf16"}}}
+BF16_MATMUL = {"none": {"x86_64": set(), "aarch64": set()}, "amx": {"x86_64": {"amx_tile", "amx_bf16"}}}
 VECTOR_BITS = {"x86_64": (128, 256, 512), "aarch64": (128,)}  # the schedule's fixed-width vectors
 
 
@@ -66,6 +68,7 @@ class CpuEntry:
     vecmath: str
     bf16_round: str
     bf16_dot: str
+    bf16_matmul: str
     where: str
 
 
@@ -141,7 +144,7 @@ def _resolve(name: str, raw: dict[str, dict], top: Located, seen: tuple[str, ...
     if not (isinstance(e["fma_units"], int) and e["fma_units"] > 0):
         raise at.error("fma_units is a positive integer")
     for key, table in (("int8_dot", INT8_DOT), ("vecmath", VECMATH), ("bf16_round", BF16_ROUND),
-                       ("bf16_dot", BF16_DOT)):
+                       ("bf16_dot", BF16_DOT), ("bf16_matmul", BF16_MATMUL)):
         choice = e[key]
         if choice not in table or arch not in table[choice]:
             valid = [c for c, archs in table.items() if arch in archs]
@@ -154,4 +157,4 @@ def _resolve(name: str, raw: dict[str, dict], top: Located, seen: tuple[str, ...
                     vector_bits=vector["bits"], vector_registers=vector["registers"], fma_units=e["fma_units"],
                     l1d_kib=cache["l1d"], l2_kib=cache["l2"], int8_dot=str(e["int8_dot"]),
                     vecmath=str(e["vecmath"]), bf16_round=str(e["bf16_round"]), bf16_dot=str(e["bf16_dot"]),
-                    where=at.where)
+                    bf16_matmul=str(e["bf16_matmul"]), where=at.where)

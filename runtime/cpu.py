@@ -38,6 +38,7 @@ class Cpu:
     vecmath: str  # libmvec's variant: "none", "avx2" or "avx512"
     bf16_round: str  # "integer" (lower/half.py), "avx512_bf16" or "bf16": an instruction
     bf16_dot: str  # "none" or "avx512_bf16" (vdpbf16ps, lower/bf16_dot.py)
+    bf16_matmul: str  # "none" or "amx" (AMX tiles, lower/amx.py)
     where: str  # "opdefs/cpus.yaml:23"
 
     @property

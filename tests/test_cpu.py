@@ -213,6 +213,7 @@ base-avx2:
   vecmath: avx2
   bf16_round: integer
   bf16_dot: none
+  bf16_matmul: none
 refined:
   doc: a refinement
   base: base-avx2
@@ -234,6 +235,8 @@ CPU_MISTAKES = [
      "bf16_round 'avx512_bf16' needs the features ['avx512_bf16']"),
     ("bf16-dot-needs-features", [("  bf16_dot: none", "  bf16_dot: ‸avx512_bf16")],
      "bf16_dot 'avx512_bf16' needs the features ['avx512_bf16']"),
+    ("amx-needs-features", [("  bf16_matmul: none", "  bf16_matmul: ‸amx")],
+     "bf16_matmul 'amx' needs the features ['amx_bf16', 'amx_tile']"),
     ("bf16-of-another-arch", [("  bf16_round: integer", "  bf16_round: ‸bf16")], "bf16_round 'bf16' on x86_64"),
     ("vector-bits", [("{bits: 512, registers: 32}", "{bits: 384, registers: 32}"), ("refined:", "‸refined:")],
      "vector bits 384"),

@@ -264,3 +264,16 @@ def test_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a C identifier"):
         torchtosa.export_library(Scale(), torch.randn(2), path=tmp_path / "scale.so", name="2x")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_library_of_amx_code_asks_for_the_tiles_when_loaded(tmp_path: Path) -> None:
+    """Linux runs AMX instructions only in a process that asked for the tiles' state: a library
+    whose code uses them (a bf16 product of 48 rows, for an entry with AMX) asks in a constructor,
+    so a program loading it need not know; one without them has no such constructor."""
+    linear = nn.Linear(256, 96, bias=False).to(torch.bfloat16).eval()
+    x = torch.randn(48, 256, dtype=torch.bfloat16)
+    for cpu, asks in (("sapphirerapids", True), ("x86-64-v3", False)):
+        with torch.no_grad():
+            lib = torchtosa.export_library(linear, x, path=tmp_path / f"lib{cpu.replace('-', '_')}.so", cpu=cpu)
+        symbols = toolchain.run([toolchain.llvm_tool("llvm-nm"), str(lib.path)])
+        assert ("torchtosa_request_amx" in symbols) == asks

@@ -361,7 +361,8 @@ def test_head_projections_of_several_rows_read_the_weight_by_panels_or_as_stored
     shapes = _allocated(_linalg(model, x, stop_before="llvm"))
     assert not [s for s in shapes if re.search(r"<(256x256|256x4x64|4x64x256)x", s)]  # the whole weight
     panel = f"memref<256x{derive(select()).matmul[1]}xf32>"
-    assert (panel in shapes) == (tokens > DOT_MAX_ROWS)  # one panel, or none
+    tiles = dtype == torch.bfloat16 and select().bf16_matmul == "amx"  # AMX reads the weight as stored
+    assert (panel in shapes) == (tokens > DOT_MAX_ROWS and not tiles)  # one panel, or none
     with torch.no_grad():
         got = torchtosa.compile(model, x)(x)
         if dtype == torch.float32:
@@ -676,8 +677,10 @@ def test_products_of_a_few_rows_read_the_weight_as_dot_products(dtype: torch.dty
         x = torch.randn(1, rows, 256, dtype=dtype)
         module = _linalg(linear, x, opt=opt, stop_before="llvm")
         dot = rows <= DOT_MAX_ROWS
+        packed = not dot and not (dtype == torch.bfloat16 and select().bf16_matmul == "amx"  # or AMX tiles
+                                  and (opt == "default" or schedule.threads() == 1))
         assert ("vector.reduction" in _ops(module)) == dot
-        assert any(re.fullmatch(rf"memref<256x{tiles.matmul[1]}xf32>", s) for s in _allocated(module)) != dot
+        assert any(re.fullmatch(rf"memref<256x{tiles.matmul[1]}xf32>", s) for s in _allocated(module)) == packed
         with torch.no_grad():
             expected = (x.float() @ linear.weight.float().t()).to(dtype)  # f32 sums, rounded once
             torch.testing.assert_close(torchtosa.compile(linear, x, opt=opt)(x), expected,
@@ -932,6 +935,41 @@ def test_bf16_products_of_a_few_rows_multiply_pairs_where_the_cpu_can(tmp_path: 
                 assert ("vdpbf16ps" in _llc(c, lowered, tmp_path, "asm").read_text()) == (c.bf16_dot == "avx512_bf16")
                 if c.runs_here:
                     got = torchtosa.compile(linear, x, cpu=name)(x).float()
+                    torch.testing.assert_close(got, expected, rtol=2**-8, atol=2**-8 * expected.abs().max().item())
+
+
+class _Matmul(nn.Module):
+    """A product by a weight stored [K, N] (not nn.Linear's [N, K])."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(256, 96).to(torch.bfloat16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.w
+
+
+def test_bf16_matmuls_of_more_rows_run_on_amx_where_the_cpu_can(tmp_path: Path) -> None:
+    """A bf16 product of more than DOT_MAX_ROWS rows runs on AMX tiles (`lower/amx.py`) for every
+    entry with AMX, as C^T = W @ A^T (the weight as stored, the rows packed in pairs of k, padded
+    to whole tiles of 16); on f32 FMAs for the others. Results are f32 sums of exact products
+    rounded to bf16 once, on every entry this machine runs (the others through LLVM): nn.Linear of
+    12 rows (one tile, padded) and 48 (a block of two tiles and one of one), and a weight stored
+    [K, N] (transposed at each call)."""
+    torch.manual_seed(0)
+    linear = nn.Linear(256, 96, bias=False).to(torch.bfloat16).eval()
+    for model, rows in ((linear, 12), (linear, 48), (_Matmul().eval(), 48)):
+        x = torch.randn(1, rows, 256, dtype=torch.bfloat16)
+        weight = linear.weight.float().t() if model is linear else model.w.float()
+        expected = x.float() @ weight
+        for name, c in sorted(table().items()):
+            if c.arch != "x86_64":
+                continue
+            with torch.no_grad():
+                _, lowered = _lowered(c, model, (x,))
+                assert ("tdpbf16ps" in _llc(c, lowered, tmp_path, "asm").read_text()) == (c.bf16_matmul == "amx")
+                if c.runs_here:
+                    got = torchtosa.compile(model, x, cpu=name)(x).float()
                     torch.testing.assert_close(got, expected, rtol=2**-8, atol=2**-8 * expected.abs().max().item())
 
 

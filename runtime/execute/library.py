@@ -26,6 +26,7 @@ from ..api import _capture, _check_call
 from ..cpu import Cpu, host_arch, select
 from ..errors import CompileError, Unsupported
 from ..importer.graph import Program, import_graph
+from ..lower import amx
 from ..lower.pipeline import check_opt, lower
 from . import cabi, toolchain
 from .native import TensorSpec, _prepare, openmp_runtime
@@ -128,6 +129,9 @@ def build(program: Program, constants: Sequence[torch.Tensor], path: str | Path,
         header_file = path.with_suffix(".h").name
         (work / header_file).write_text(cabi.header(iface, cabi.identifier(header_file).upper()))
         sources = ["glue.c", *objects, *map(str, toolchain.builtins_object(undefined, work, cpu))]
+        if amx.INSTRUCTION in text:  # the library asks Linux for AMX's state when it is loaded
+            (work / "amx.c").write_text(amx.PERMISSION_C)
+            sources.append("amx.c")
         symbol = None
         if constants:
             symbol = f"{prefix}_tt_constants"

@@ -31,6 +31,7 @@ from ..capture.symbolic import Bound, Size, evaluator, free_symbols, symbol_sour
 from ..cpu import Cpu, runnable, select
 from ..errors import CompileError, InputMismatch, MissingRuntime, Unsupported
 from ..internal import blame
+from ..lower import amx
 from ..lower.pipeline import WRITES_ATTR, Scratch, lower
 from . import disk_cache, toolchain
 
@@ -124,6 +125,8 @@ class NativeFunction:
         self.cpu = runnable(cpu or select())
         if opt == "parallel":
             _load_openmp_runtime()
+        if self.cpu.bf16_matmul == "amx":  # code from the disk cache, compiled in another process, too
+            amx.request_permission()
         entry = None
         if disk_cache.folder() is not None:
             entry = disk_cache.key(str(module), repr((name, self.inputs, self.outputs, self.written)), opt, self.cpu)

@@ -35,7 +35,7 @@ from .. import progress
 from ..cpu import Cpu, select
 from ..errors import CompileError, NotInPlace
 from ..internal import blame
-from . import vnni
+from . import amx, vnni
 from .convolutions import rewrite_convolutions
 from .copies import row_copies
 from .float_int8 import fast_int8_contractions
@@ -116,7 +116,8 @@ PIPELINES: dict[str, str] = {
     # become libm calls (vector ones one element at a time), before the vector lowering.
     "llvm": "builtin.module("
     "convert-vector-to-scf{full-unroll=true},convert-linalg-to-loops,expand-strided-metadata,lower-affine,"
-    "convert-scf-to-cf,convert-math-to-llvm,convert-math-to-libm,convert-vector-to-llvm{enable-x86vector=true},"
+    "convert-scf-to-cf,convert-math-to-llvm,convert-math-to-libm,"
+    "convert-vector-to-llvm{enable-x86vector=true enable-amx=true},"
     "convert-ub-to-llvm,"
     "finalize-memref-to-llvm,convert-arith-to-llvm,convert-func-to-llvm,"
     "convert-cf-to-llvm,convert-openmp-to-llvm,reconcile-unrealized-casts)",
@@ -213,6 +214,7 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
                 if opt != "none":
                     row_copies(module)
                     vnni.lower_calls(module)
+                    amx.lower(module)
                     _results_in_place(module, results)
                     scratch = _promote_allocations(module)
             _verify(module, f"the input of stage {stage!r}")

@@ -29,7 +29,8 @@ register tiles sized to its vector register file, vector widths from its lanes).
   outside), vector accumulators carried through the k loop and summed across lanes once
   (`tile_reduction_using_for`). Packing would transpose the whole weight at every call. In bf16,
   on a CPU with AVX512-BF16 and one thread, such a product is a call of a `bf16_dot` kernel
-  instead, which multiplies the bf16 pairs as stored (`bf16_dot_products`).
+  instead, which multiplies the bf16 pairs as stored (`bf16_dot_products`); a bf16 product of
+  more rows, on a CPU with AMX, is computed on AMX tiles (`amx_products`).
 - 2-D convolutions (NHWC) get the same register tile over (output column, output channel); each
   tile, one output row and one filter tap, is decomposed into a 1-D convolution and vectorized.
   One of more output channels than a column tile is first a loop over panels of them, each
@@ -79,7 +80,7 @@ from mlir.dialects import arith, func, linalg, scf, tensor
 
 from ..cpu import Cpu, cores, select
 from ..internal import blaming
-from . import bf16_dot, vecmath
+from . import amx, bf16_dot, vecmath
 from .contractions import contraction_of_inputs, fold_transposes, normalize, sum_of_products
 from .convolutions import CONV as _CONV
 from .convolutions import CONV_HWCF as _CONV_HWCF
@@ -189,6 +190,8 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
     pads_in_place(module)
     if bf16_dot.available(cpu) and not (parallel and threads() > 1):
         bf16_dot_products(module, tiles)
+    if amx.available(cpu) and not (parallel and threads() > 1):
+        amx_products(module)
     pack_panels(module, parallel, tiles)
     interleave_streams(module, tiles)
     chunks = threads() if parallel else 1
@@ -263,6 +266,78 @@ def _bf16_dot_product(op: ir.Operation, tiles: Tiles) -> None:
     op.results[0].replace_all_uses_with(result)
     op.erase()
     transpose.erase()
+
+
+def amx_products(module: ir.Module) -> None:
+    """Replace each static bf16 contraction into f32 sums of more than DOT_MAX_ROWS rows, one
+    batch, and shapes `amx.fits` takes, by its transpose computed on AMX tiles (`amx`): the
+    weight as stored (the input of the transpose producing the second operand, else that
+    operand transposed), the rows packed in pairs of k, a call of the kernel's placeholder, and
+    the init plus the result read transposed."""
+    with module.context, ir.Location.unknown():
+        for op in find_ops(module, lambda op: op.name in _CONTRACTIONS):
+            with blaming(op):
+                _amx_product(op)
+
+
+def _amx_product(op: ir.Operation) -> None:
+    loops = _half_contraction_loops(op)
+    if loops is None or not all(isinstance(ir.RankedTensorType(v.type).element_type, ir.BF16Type)
+                                for v in list(op.operands)[:2]):
+        return
+    batch = _CONTRACTIONS[op.name]
+    if None in loops or any(size != 1 for size in loops[:batch]):
+        return
+    m, n, k = loops[batch:]
+    if m <= DOT_MAX_ROWS or not amx.fits(m, k, n):
+        return
+    lhs, rhs, init = list(op.operands)[:3]
+    producer = rhs.owner if isinstance(rhs, ir.OpResult) else None
+    swap = [*range(batch), batch + 1, batch]
+    transposed = (producer is not None and producer.name == "linalg.transpose" and len(list(rhs.uses)) == 1
+                  and list(ir.DenseI64ArrayAttr(producer.attributes["permutation"])) == swap)
+    groups = [[0, 1], [2]] if batch else [[0], [1]]
+    m16 = amx.padded_rows(m)
+    bf16, f32 = ir.BF16Type.get(), ir.F32Type.get()
+    name = f"torchtosa_amx_{n}x{k}x{m16}"
+    _insert_function(op, name, amx.placeholder(name, n, k, m16))
+    with ir.InsertionPoint(op), op.location:
+        if transposed:
+            weight = collapse(producer.operands[0], groups)
+        else:
+            weight = _value(linalg.transpose(collapse(rhs, groups), outs=[tensor.EmptyOp([n, k], bf16).result],
+                                             permutation=[1, 0]))
+        rows = collapse(lhs, groups)
+        if m16 != m:  # whole tiles of rows, zeros after
+            zero = arith.ConstantOp(bf16, 0.0).result
+            filled = _value(linalg.fill(zero, outs=[tensor.EmptyOp([m16, k], bf16).result]))
+            rows = _insert(tensor.InsertSliceOp, rows, filled, [0, 0], [m, k]).result
+        tiles = m16 // amx.ROWS  # each tile of 16 rows in pairs of k, [K/2, 16, 2], one after the other
+        pairs = _value(linalg.transpose(expand(rows, [[0, 1], [2, 3]], [tiles, amx.ROWS, k // 2, 2]),
+                                        outs=[tensor.EmptyOp([tiles, k // 2, amx.ROWS, 2], bf16).result],
+                                        permutation=[0, 2, 1, 3]))
+        packed = collapse(pairs, [[0, 1], [2, 3]])
+        out = tensor.EmptyOp([n, m16], f32).result
+        product = func.CallOp([out.type], ir.FlatSymbolRefAttr.get(name), [weight, packed, out]).result
+        if m16 != m:
+            product = _extract(product, [0, 0], [n, m])
+        flat = collapse(init, groups)
+        maps = ir.ArrayAttr.get([dims_map(2, [1, 0]), dims_map(2, [0, 1])])
+        parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
+        generic = linalg.GenericOp([flat.type], [product], [flat], maps, ir.ArrayAttr.get([parallel] * 2))
+        body = generic.regions[0].blocks.append(f32, f32)
+        with ir.InsertionPoint(body):
+            linalg.YieldOp([arith.AddFOp(body.arguments[1], body.arguments[0]).result])
+        result = expand(generic.results[0], groups, _shape(init))
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
+    if transposed:
+        producer.erase()
+
+
+def _value(built: ir.Value | ir.OpView) -> ir.Value:
+    """The result of a named linalg op as its Python builder returns it (the value, or the op)."""
+    return built if isinstance(built, ir.Value) else built.results[0]
 
 
 def _insert_function(anchor: ir.Operation, name: str, source: str) -> None:
