@@ -27,7 +27,7 @@ KEYS = {
     "vecmath": "libmvec's vector ABI variant, or none",
     "bf16_round": "how vectors of f32 round to bf16: an instruction set's, or integer",
     "bf16_dot": "the bf16 dot product of bf16 products read as stored, or none",
-    "bf16_matmul": "the bf16 matrix multiply of bf16 products of more rows (amx), or none",
+    "bf16_matmul": "the bf16 matrix multiply of bf16 products of 4 rows or more (amx), or none",
 }
 REQUIRED = ("doc", "arch", "llvm_cpu", "features", "vector", "fma_units", "cache", "int8_dot", "vecmath", "bf16_round",
             "bf16_dot", "bf16_matmul")

@@ -26,7 +26,7 @@ from torchtosa.cpu import Cpu, select, table
 from torchtosa.errors import CompileError
 from torchtosa.execute import native as execute
 from torchtosa.execute.native import _prepare
-from torchtosa.lower import contractions, pipeline, schedule, vecmath
+from torchtosa.lower import amx, contractions, pipeline, schedule, vecmath
 from torchtosa.lower.contractions import fold_transposes, sum_of_products
 from torchtosa.lower.irutil import context, find_ops
 from torchtosa.lower.schedule import _column_divisor, _divisor, _peel_rows, collapse_reductions, plan
@@ -676,9 +676,10 @@ def test_products_of_a_few_rows_read_the_weight_as_dot_products(dtype: torch.dty
         linear = nn.Linear(256, n, bias=False).to(dtype).eval()
         x = torch.randn(1, rows, 256, dtype=dtype)
         module = _linalg(linear, x, opt=opt, stop_before="llvm")
-        dot = rows <= DOT_MAX_ROWS
-        packed = not dot and not (dtype == torch.bfloat16 and select().bf16_matmul == "amx"  # or AMX tiles
-                                  and (opt == "default" or schedule.threads() == 1))
+        on_amx = (dtype == torch.bfloat16 and select().bf16_matmul == "amx" and rows >= amx.MIN_ROWS
+                  and (opt == "default" or schedule.threads() == 1))
+        dot = rows <= DOT_MAX_ROWS and not on_amx
+        packed = rows > DOT_MAX_ROWS and not on_amx
         assert ("vector.reduction" in _ops(module)) == dot
         assert any(re.fullmatch(rf"memref<256x{tiles.matmul[1]}xf32>", s) for s in _allocated(module)) == packed
         with torch.no_grad():
@@ -919,9 +920,10 @@ def test_half_precision_transposes_are_vectorized(dtype: torch.dtype, tmp_path: 
 
 def test_bf16_products_of_a_few_rows_multiply_pairs_where_the_cpu_can(tmp_path: Path) -> None:
     """A bf16 product of a few rows by a weight stored along k multiplies bf16 pairs as stored
-    (`vdpbf16ps`, `lower/bf16_dot.py`) for every entry with AVX512-BF16, and extends them to f32
-    for the others; results are f32 sums of exact products rounded to bf16 once, on every entry
-    this machine runs (the others through LLVM). One row, and 6 (a tile of 4, then single rows)."""
+    (`vdpbf16ps`, `lower/bf16_dot.py`) for every entry with AVX512-BF16 (from amx.MIN_ROWS rows,
+    an entry with AMX uses its tiles instead), and extends them to f32 for the others; results are
+    f32 sums of exact products rounded to bf16 once, on every entry this machine runs (the others
+    through LLVM). One row, and 6 (a tile of 4, then single rows)."""
     torch.manual_seed(0)
     linear = nn.Linear(256, 96, bias=False).to(torch.bfloat16).eval()
     for rows in (1, 6):
@@ -932,7 +934,10 @@ def test_bf16_products_of_a_few_rows_multiply_pairs_where_the_cpu_can(tmp_path: 
                 continue
             with torch.no_grad():
                 _, lowered = _lowered(c, linear, (x,))
-                assert ("vdpbf16ps" in _llc(c, lowered, tmp_path, "asm").read_text()) == (c.bf16_dot == "avx512_bf16")
+                tiles = c.bf16_matmul == "amx" and rows >= amx.MIN_ROWS
+                asm = _llc(c, lowered, tmp_path, "asm").read_text()
+                assert ("vdpbf16ps" in asm) == (c.bf16_dot == "avx512_bf16" and not tiles)
+                assert ("tdpbf16ps" in asm) == tiles
                 if c.runs_here:
                     got = torchtosa.compile(linear, x, cpu=name)(x).float()
                     torch.testing.assert_close(got, expected, rtol=2**-8, atol=2**-8 * expected.abs().max().item())
@@ -950,7 +955,7 @@ class _Matmul(nn.Module):
 
 
 def test_bf16_matmuls_of_more_rows_run_on_amx_where_the_cpu_can(tmp_path: Path) -> None:
-    """A bf16 product of more than DOT_MAX_ROWS rows runs on AMX tiles (`lower/amx.py`) for every
+    """A bf16 product of amx.MIN_ROWS rows or more runs on AMX tiles (`lower/amx.py`) for every
     entry with AMX, as C^T = W @ A^T (the weight as stored, the rows packed in pairs of k, padded
     to whole tiles of 16); on f32 FMAs for the others. Results are f32 sums of exact products
     rounded to bf16 once, on every entry this machine runs (the others through LLVM): nn.Linear of

@@ -45,6 +45,7 @@ __attribute__((constructor)) static void torchtosa_request_amx(void) {
     syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */);
 }
 """
+MIN_ROWS = 4  # fewer rows: dot products (`bf16_dot`); 8 rows of Linear(1024, 2816): 312 us here, 574 there
 UNROLL = 8  # steps of k between the accumulators' trips to memory, at most
 
 
@@ -140,13 +141,15 @@ def _kernel(name: str, n: int, k: int, m16: int, inputs: list[str], results: lis
             lines += [f"        %off{x} = arith.constant {PAIRS * u} : index",
                       f"        %kk{x} = arith.addi %kb{t}, %off{x} : index",
                       f"        %kp{x} = arith.divui %kk{x}, %c2 : index",
-                      *(f"        %br{x}_{j} = arith.addi %row{t}_{j}, %kp{x} : index" for j in range(columns)),
-                      f"        %a{x}_0 = amx.tile_load %w[%n0, %kk{x}] : {w} into {a_tile}",
-                      f"        %a{x}_1 = amx.tile_load %w[%n1, %kk{x}] : {w} into {a_tile}"]
-            lines += [f"        %b{x}_{j} = amx.tile_load %b[%br{x}_{j}, %c0] : {b} into {a_tile}"
-                      for j in range(columns)]
-            lines += [f"        %s{t}_{i}{j}_{u + 1} = amx.tile_mulf %a{x}_{i}, %b{x}_{j}, %s{t}_{i}{j}_{u}"
-                      f" : {a_tile}, {a_tile}, {acc_tile}" for i, j in at]
+                      *(f"        %br{x}_{j} = arith.addi %row{t}_{j}, %kp{x} : index" for j in range(columns))]
+            loads = {("a", 0): f"%a{x}_0 = amx.tile_load %w[%n0, %kk{x}] : {w} into {a_tile}",
+                     ("a", 1): f"%a{x}_1 = amx.tile_load %w[%n1, %kk{x}] : {w} into {a_tile}",
+                     **{("b", j): f"%b{x}_{j} = amx.tile_load %b[%br{x}_{j}, %c0] : {b} into {a_tile}"
+                        for j in range(columns)}}
+            for i, j in at:  # each load just before its first product, overlapping the products before it
+                lines += [f"        {loads.pop(key)}" for key in (("a", i), ("b", j)) if key in loads]
+                lines.append(f"        %s{t}_{i}{j}_{u + 1} = amx.tile_mulf %a{x}_{i}, %b{x}_{j}, %s{t}_{i}{j}_{u}"
+                             f" : {a_tile}, {a_tile}, {acc_tile}")
         lines += [f"        amx.tile_store %c[{where[i, j]}], %s{t}_{i}{j}_{unroll} : {c}, {acc_tile}" for i, j in at]
         lines += ["      }", "    }"]
     lines += ["  }", f"  return{' %c : ' + results[0] if results else ''}", "}"]

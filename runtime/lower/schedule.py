@@ -30,7 +30,7 @@ register tiles sized to its vector register file, vector widths from its lanes).
   (`tile_reduction_using_for`). Packing would transpose the whole weight at every call. In bf16,
   on a CPU with AVX512-BF16 and one thread, such a product is a call of a `bf16_dot` kernel
   instead, which multiplies the bf16 pairs as stored (`bf16_dot_products`); a bf16 product of
-  more rows, on a CPU with AMX, is computed on AMX tiles (`amx_products`).
+  amx.MIN_ROWS rows or more, on a CPU with AMX, is computed on AMX tiles (`amx_products`).
 - 2-D convolutions (NHWC) get the same register tile over (output column, output channel); each
   tile, one output row and one filter tap, is decomposed into a 1-D convolution and vectorized.
   One of more output channels than a column tile is first a loop over panels of them, each
@@ -188,10 +188,10 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
     collapse_reductions(module)
     normalize(module)
     pads_in_place(module)
-    if bf16_dot.available(cpu) and not (parallel and threads() > 1):
-        bf16_dot_products(module, tiles)
     if amx.available(cpu) and not (parallel and threads() > 1):
         amx_products(module)
+    if bf16_dot.available(cpu) and not (parallel and threads() > 1):
+        bf16_dot_products(module, tiles)
     pack_panels(module, parallel, tiles)
     interleave_streams(module, tiles)
     chunks = threads() if parallel else 1
@@ -269,7 +269,7 @@ def _bf16_dot_product(op: ir.Operation, tiles: Tiles) -> None:
 
 
 def amx_products(module: ir.Module) -> None:
-    """Replace each static bf16 contraction into f32 sums of more than DOT_MAX_ROWS rows, one
+    """Replace each static bf16 contraction into f32 sums of amx.MIN_ROWS rows or more, one
     batch, and shapes `amx.fits` takes, by its transpose computed on AMX tiles (`amx`): the
     weight as stored (the input of the transpose producing the second operand, else that
     operand transposed), the rows packed in pairs of k, a call of the kernel's placeholder, and
@@ -289,7 +289,7 @@ def _amx_product(op: ir.Operation) -> None:
     if None in loops or any(size != 1 for size in loops[:batch]):
         return
     m, n, k = loops[batch:]
-    if m <= DOT_MAX_ROWS or not amx.fits(m, k, n):
+    if m < amx.MIN_ROWS or not amx.fits(m, k, n):
         return
     lhs, rhs, init = list(op.operands)[:3]
     producer = rhs.owner if isinstance(rhs, ir.OpResult) else None
