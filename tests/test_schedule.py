@@ -646,7 +646,7 @@ def test_large_vector_matrix_products_read_their_rows_as_streams(dtype: torch.dt
     streams, k = tiles.dot[0], 256
     big = -(-2 * tiles.streamed_matrix_bytes // (k * dtype.itemsize) // 64) * 64  # twice the threshold
     pairs = (dtype == torch.bfloat16 and select().bf16_dot == "avx512_bf16"
-             and (opt == "default" or schedule.threads() == 1))  # `schedule.bf16_dot_products`
+             and (opt == "default" or schedule.threads() == 1))  # `schedule._bf16_dot_product`
     for n, interleaved in ((big, True), (64, False)):
         linear = nn.Linear(k, n, bias=False).to(dtype).eval()
         x = torch.randn(1, k, dtype=dtype)

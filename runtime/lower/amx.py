@@ -15,7 +15,7 @@ padded to whole tiles of 16, each tile's [K/2, 16, 2] contiguous, so that one ti
 KiB in a row (with rows of A^T 2 M apart, a load's 16 lines fell into one L1 set from M = 1024:
 a 1024^3 matmul ran at a twentieth of the peak). The kernel keeps 2 x 2 accumulator tiles (32
 rows of W by 32 rows of A) while k runs in steps of 32, four of the eight tile registers, in
-C^T [N, M16]; the caller reads it transposed. `schedule.amx_products` inserts that at the
+C^T [N, M16]; the caller reads it transposed. `schedule._amx_product` inserts that at the
 tensor level with a placeholder kernel (`placeholder`: returns its output, which bufferizes to
 an in-place argument); after bufferization, `lower` gives each placeholder its AMX body on
 memrefs. Linux runs AMX code only in a process that asked for the tile data state

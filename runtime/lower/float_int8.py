@@ -34,7 +34,7 @@ from mlir import ir
 
 from ..cpu import Cpu
 from . import vnni
-from .irutil import find_ops
+from .irutil import find_ops, insert_functions
 from .zero_points import constant, int_width
 
 EXACT_TERMS = 1024  # products of two int8 values whose sum is exact in f32: 1024 * 2^14 = 2^24
@@ -187,19 +187,7 @@ def _vnni_matmul(op: ir.Operation, emit: _Emit, a: ir.Value, b: np.ndarray) -> N
 def _insert_kernel(anchor: ir.Operation, name: str, source: str) -> None:
     """Add the private function `name` (MLIR text `source`) and the placeholder of the VNNI
     instruction to the module of `anchor`, unless there."""
-    module_op = anchor.parent
-    while module_op.operation.name != "builtin.module":
-        module_op = module_op.parent
-    block = module_op.regions[0].blocks[0]
-    names = {ir.StringAttr(o.attributes["sym_name"]).value for o in block.operations
-             if o.operation.name == "func.func"}
-    if name in names:
-        return
-    parsed = ir.Module.parse(source + "\n" + vnni.declaration())
-    for kernel_op in list(parsed.body.operations):
-        if ir.StringAttr(kernel_op.attributes["sym_name"]).value not in names:
-            kernel_op.detach_from_parent()
-            block.append(kernel_op)
+    insert_functions(anchor, name, source + "\n" + vnni.declaration())
 
 
 def _vnni_conv2d(op: ir.Operation, emit: _Emit, x: ir.Value, w: np.ndarray, bias: ir.Value) -> None:

@@ -88,6 +88,24 @@ def run_transform(module: ir.Module, body: list[str]) -> None:
         del module.operation.attributes["transform.with_named_sequence"]
 
 
+def insert_functions(anchor: ir.Operation, name: str, source: str) -> None:
+    """Add the functions of MLIR text `source` (`name` and any it calls) to the module of
+    `anchor`, unless the module has `name` already; each one the module has is left as it is."""
+    module_op = anchor.parent
+    while module_op.operation.name != "builtin.module":
+        module_op = module_op.parent
+    block = module_op.regions[0].blocks[0]
+    names = {ir.StringAttr(o.attributes["sym_name"]).value for o in block.operations
+             if o.operation.name == "func.func"}
+    if name in names:
+        return
+    parsed = ir.Module.parse(source)  # alive while its functions move out of it
+    for function in list(parsed.body.operations):
+        if ir.StringAttr(function.attributes["sym_name"]).value not in names:
+            function.detach_from_parent()
+            block.append(function)
+
+
 def tensor_shape(value: ir.Value) -> list[int | None]:
     """The shape of a ranked tensor value, None for each dynamic dimension."""
     t = ir.RankedTensorType(value.type)

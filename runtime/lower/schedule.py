@@ -29,8 +29,8 @@ register tiles sized to its vector register file, vector widths from its lanes).
   outside), vector accumulators carried through the k loop and summed across lanes once
   (`tile_reduction_using_for`). Packing would transpose the whole weight at every call. In bf16,
   on a CPU with AVX512-BF16 and one thread, such a product is a call of a `bf16_dot` kernel
-  instead, which multiplies the bf16 pairs as stored (`bf16_dot_products`); a bf16 product of
-  amx.MIN_ROWS rows or more, on a CPU with AMX, is computed on AMX tiles (`amx_products`).
+  instead, which multiplies the bf16 pairs as stored (`_bf16_dot_product`); a bf16 product of
+  amx.MIN_ROWS rows or more, on a CPU with AMX, is computed on AMX tiles (`_amx_product`).
 - 2-D convolutions (NHWC) get the same register tile over (output column, output channel); each
   tile, one output row and one filter tap, is decomposed into a 1-D convolution and vectorized.
   One of more output channels than a column tile is first a loop over panels of them, each
@@ -87,7 +87,7 @@ from .convolutions import CONV_HWCF as _CONV_HWCF
 from .convolutions import DEPTHWISE as _DEPTHWISE
 from .convolutions import pads_in_place, static_f32
 from .half import is_half, widen_arithmetic
-from .irutil import collapse, dims_map, expand, find_ops, map_dims, run_passes, run_transform
+from .irutil import collapse, dims_map, expand, find_ops, insert_functions, map_dims, run_passes, run_transform
 from .irutil import tensor_dim as _dim
 from .irutil import tensor_shape as _shape
 from .rows import fuse_rows
@@ -180,21 +180,21 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
     """
     cpu = cpu or select()
     tiles = derive(cpu)
+    chunks = threads() if parallel else 1
     widen_arithmetic(module)
-    fuse_rows(module, SPLIT_MIN_ELEMENTS if parallel and threads() > 1 else None)
+    fuse_rows(module, SPLIT_MIN_ELEMENTS if chunks > 1 else None)
     fold_transposes(module)
     split_prologues(module)
     collapse_outputs(module)
     collapse_reductions(module)
     normalize(module)
     pads_in_place(module)
-    if amx.available(cpu) and not (parallel and threads() > 1):
-        amx_products(module)
-    if bf16_dot.available(cpu) and not (parallel and threads() > 1):
-        bf16_dot_products(module, tiles)
+    if chunks == 1 and amx.available(cpu):  # the kernels are one thread's
+        _rewrite_named_contractions(module, _amx_product)
+    if chunks == 1 and bf16_dot.available(cpu):
+        _rewrite_named_contractions(module, lambda op: _bf16_dot_product(op, tiles))
     pack_panels(module, parallel, tiles)
     interleave_streams(module, tiles)
-    chunks = threads() if parallel else 1
     if chunks == 1:  # contractions of register tiles start from zero in registers
         with module.context, ir.Location.unknown():
             drop_zero_fills(_register_tiled(module, tiles))
@@ -231,21 +231,29 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
         vecmath.use_vector_library(module, cpu)
 
 
-def bf16_dot_products(module: ir.Module, tiles: Tiles) -> None:
-    """Replace each bf16 contraction into f32 sums that reads as dot products (`_dot_source`: a
-    few rows by a transposed weight stored along k), of one batch and shapes `bf16_dot.fits`
-    takes, by a call of a `bf16_dot.kernel` (vdpbf16ps on the bf16 pairs as stored; for a CPU
-    whose entry has AVX512-BF16, and one thread: the kernel is not split among threads)."""
+def _rewrite_named_contractions(module: ir.Module, rewrite: Callable[[ir.Operation], None]) -> None:
+    """Apply `rewrite` to each named contraction (matmul, batch_matmul) of `module`."""
     with module.context, ir.Location.unknown():
         for op in find_ops(module, lambda op: op.name in _CONTRACTIONS):
             with blaming(op):
-                _bf16_dot_product(op, tiles)
+                rewrite(op)
 
 
-def _bf16_dot_product(op: ir.Operation, tiles: Tiles) -> None:
+def _bf16_contraction_loops(op: ir.Operation) -> tuple[Extent, ...] | None:
+    """`_half_contraction_loops` of a contraction of bf16 operands (not f16)."""
     loops = _half_contraction_loops(op)
     if loops is None or not all(isinstance(ir.RankedTensorType(v.type).element_type, ir.BF16Type)
                                 for v in list(op.operands)[:2]):
+        return None
+    return loops
+
+
+def _bf16_dot_product(op: ir.Operation, tiles: Tiles) -> None:
+    """Replace a bf16 contraction into f32 sums that reads as dot products (`_dot_source`: a few
+    rows by a transposed weight stored along k), of one batch and shapes `bf16_dot.fits` takes,
+    by a call of a `bf16_dot.kernel` (vdpbf16ps on the bf16 pairs as stored)."""
+    loops = _bf16_contraction_loops(op)
+    if loops is None:
         return
     batch = _CONTRACTIONS[op.name]
     m, n, k = loops[batch:]
@@ -258,7 +266,7 @@ def _bf16_dot_product(op: ir.Operation, tiles: Tiles) -> None:
     rows = min(tiles.dot_rows, bf16_dot.ACCUMULATORS // bf16_dot.COLUMNS)
     streams = n * k * 2 >= tiles.streamed_matrix_bytes
     name = f"torchtosa_bf16_dot_{m}x{k}x{n}_{rows}{'_streams' if streams else ''}"
-    _insert_function(op, name, bf16_dot.kernel(name, m, k, n, rows, streams))
+    insert_functions(op, name, bf16_dot.kernel(name, m, k, n, rows, streams))
     with ir.InsertionPoint(op), op.location:
         operands = [collapse(v, groups) for v in (lhs, transpose.operands[0], init)]
         call = func.CallOp([operands[2].type], ir.FlatSymbolRefAttr.get(name), operands).result
@@ -268,22 +276,14 @@ def _bf16_dot_product(op: ir.Operation, tiles: Tiles) -> None:
     transpose.erase()
 
 
-def amx_products(module: ir.Module) -> None:
-    """Replace each static bf16 contraction into f32 sums of amx.MIN_ROWS rows or more, one
-    batch, and shapes `amx.fits` takes, by its transpose computed on AMX tiles (`amx`): the
-    weight as stored (the input of the transpose producing the second operand, else that
-    operand transposed), the rows packed in pairs of k, a call of the kernel's placeholder, and
-    the init plus the result read transposed."""
-    with module.context, ir.Location.unknown():
-        for op in find_ops(module, lambda op: op.name in _CONTRACTIONS):
-            with blaming(op):
-                _amx_product(op)
-
-
 def _amx_product(op: ir.Operation) -> None:
-    loops = _half_contraction_loops(op)
-    if loops is None or not all(isinstance(ir.RankedTensorType(v.type).element_type, ir.BF16Type)
-                                for v in list(op.operands)[:2]):
+    """Replace a static bf16 contraction into f32 sums of amx.MIN_ROWS rows or more, one batch,
+    and shapes `amx.fits` takes, by its transpose computed on AMX tiles (`amx`): the weight as
+    stored (the input of the transpose producing the second operand, else that operand
+    transposed), the rows packed in pairs of k, a call of the kernel's placeholder, and the init
+    plus the result read transposed."""
+    loops = _bf16_contraction_loops(op)
+    if loops is None:
         return
     batch = _CONTRACTIONS[op.name]
     if None in loops or any(size != 1 for size in loops[:batch]):
@@ -300,7 +300,7 @@ def _amx_product(op: ir.Operation) -> None:
     m16 = amx.padded_rows(m)
     bf16, f32 = ir.BF16Type.get(), ir.F32Type.get()
     name = f"torchtosa_amx_{n}x{k}x{m16}"
-    _insert_function(op, name, amx.placeholder(name, n, k, m16))
+    insert_functions(op, name, amx.placeholder(name, n, k, m16))
     with ir.InsertionPoint(op), op.location:
         if transposed:
             weight = collapse(producer.operands[0], groups)
@@ -340,21 +340,6 @@ def _value(built: ir.Value | ir.OpView) -> ir.Value:
     return built if isinstance(built, ir.Value) else built.results[0]
 
 
-def _insert_function(anchor: ir.Operation, name: str, source: str) -> None:
-    """Add the private function `name` (MLIR text `source`) to the module of `anchor`, unless there."""
-    module_op = anchor.parent
-    while module_op.name != "builtin.module":
-        module_op = module_op.parent
-    block = module_op.regions[0].blocks[0]
-    if any(o.operation.name == "func.func" and ir.StringAttr(o.attributes["sym_name"]).value == name
-           for o in block.operations):
-        return
-    parsed = ir.Module.parse(source)  # alive while its function moves out of it
-    function = parsed.body.operations[0]
-    function.detach_from_parent()
-    block.append(function)
-
-
 def pack_panels(module: ir.Module, parallel: bool = False, tiles: Tiles | None = None) -> None:
     """Rewrite each named contraction whose second operand is worth packing (`_panel_source`)
     as a loop over column panels: each iteration computes one panel of the second operand (all
@@ -368,10 +353,8 @@ def pack_panels(module: ir.Module, parallel: bool = False, tiles: Tiles | None =
     square of a model's depth).
     """
     tiles = tiles or derive(select())
+    _rewrite_named_contractions(module, lambda op: _pack_panels(op, parallel, tiles))
     with module.context, ir.Location.unknown():
-        for op in find_ops(module, lambda op: op.name in _CONTRACTIONS):
-            with blaming(op):
-                _pack_panels(op, parallel, tiles)
         for op in find_ops(module, lambda op: op.name in _DENSE):
             with blaming(op):
                 _pack_filter(op, parallel, tiles)
@@ -475,7 +458,7 @@ def _widen(op: ir.Operation) -> ir.Operation:
         else:
             producer, wide_rhs = None, _extended(rhs)
         named = getattr(linalg, op.name.removeprefix("linalg."))(_extended(lhs), wide_rhs, outs=[init])
-    result = named if isinstance(named, ir.Value) else named.results[0]
+    result = _value(named)
     op.results[0].replace_all_uses_with(result)
     op.erase()
     if producer is not None:
