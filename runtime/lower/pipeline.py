@@ -39,6 +39,7 @@ from . import amx, vnni
 from .convolutions import rewrite_convolutions
 from .copies import row_copies
 from .float_int8 import fast_int8_contractions
+from .fusion import fuse_elementwise
 from .half import round_bf16_in_integers
 from .irutil import find_ops, is_sub_byte, run_passes, top_level
 from .partition import partition
@@ -82,7 +83,8 @@ PIPELINES: dict[str, str] = {
                                                   "linalg-fuse-elementwise-ops,canonicalize,cse"] * 2) + ")",
     # opt="default" only: 1x1 convolutions become matmuls and depthwise ones lose the channel
     # multiplier (`convolutions`); then drop unit dimensions so that broadcasts such as a bias add become
-    # projected permutations the schedule can tile; then `schedule.schedule` tiles and
+    # projected permutations the schedule can tile, and fuse the elementwise loops that now have
+    # one shape (`fusion.fuse_elementwise`, after the passes); then `schedule.schedule` tiles and
     # vectorizes (a Python stage, running MLIR's transform interpreter).
     "unit-dims": "builtin.module(func.func(linalg-fold-unit-extent-dims),canonicalize,cse)",
     "schedule": "",
@@ -226,6 +228,9 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
             if private:
                 constant_fields(module, private)
                 unoptimized_glue(module)
+            if stage == "unit-dims":
+                fuse_elementwise(module)
+                run_passes(module, "builtin.module(canonicalize,cse)")
             if stage == "llvm":
                 target(module, cpu)
             done(stage)
