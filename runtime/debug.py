@@ -149,6 +149,7 @@ eagerly and through torchtosa.compile on random inputs of its shapes (integers i
 compares them. Written by TORCHTOSA_DEBUG (runtime/debug.py); edit the inputs at will."""
 
 import os
+from math import inf, nan  # noqa: F401 (the graph's code may name infinities and NaNs)
 
 import torch
 from torch import device  # noqa: F401 (the graph's code may name devices)

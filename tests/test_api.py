@@ -489,6 +489,26 @@ def test_missing_registry_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, fres
         torchtosa.to_tosa(foo, *xy)
 
 
+def test_a_debug_repro_runs_a_graph_with_infinite_constants(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph's code names an infinity as `inf` (an attention mask's -inf): its repro defines it."""
+    from torchtosa import debug
+    from torchtosa.api import CACHE
+
+    monkeypatch.setenv(debug.ENV, str(tmp_path))
+
+    def masked_softmax(x: torch.Tensor) -> torch.Tensor:
+        return x.masked_fill(x > 1, float("-inf")).softmax(-1)
+
+    CACHE.clear()
+    torchtosa.compile(masked_softmax, torch.randn(3, 8))(torch.randn(3, 8))
+    (graph,) = (p for p in tmp_path.iterdir() if p.name.startswith("graph-"))
+    assert "-inf" in (graph / "repro.py").read_text()
+    repro = subprocess.run([sys.executable, "repro.py"], cwd=graph, capture_output=True, text=True, check=False)
+    assert repro.returncode == 0, repro.stderr
+    diffs = [float(line.rsplit(" ", 1)[1]) for line in repro.stdout.splitlines() if line.startswith("max |")]
+    assert len(diffs) == 1 and diffs[0] < 1e-6
+
+
 def test_debug_artifacts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """TORCHTOSA_DEBUG: each native compile writes its graph, TOSA, the module after every stage,
     the LLVM IR and its timings to a folder named by its key; an equal compile, the same folder.
