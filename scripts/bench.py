@@ -223,6 +223,15 @@ def build_r3d_block() -> tuple[nn.Module, Inputs]:
     return _randomize_bn(model), (torch.randn(1, 128, 8, 28, 28),)
 
 
+def build_llama_prefill_bf16() -> tuple[nn.Module, Inputs]:
+    # the decoding table's Llama (DECODE_CONFIG) cut to 4 layers, in bfloat16: a 32-token prompt
+    # without a KV cache (the products AMX tiles and vdpbf16ps take where the CPU has them)
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**{**DECODE_CONFIG, "num_hidden_layers": 4}, use_cache=False)
+    return LlamaForCausalLM(config).to(torch.bfloat16), (torch.randint(1, DECODE_CONFIG["vocab_size"], (1, 32)),)
+
+
 def build_decode_linear() -> tuple[nn.Module, Inputs]:
     # one decoding step of a ~0.25B Llama's MLP up-projection: one token, 1024 -> 2816, no bias
     return nn.Linear(1024, 2816, bias=False), (torch.randn(1, 1024),)
@@ -270,6 +279,7 @@ WORKLOADS = [
     Workload("MobileNetV2 [8x3x224x224]", lambda: build_mobilenet_v2(8), reference=False, repeats=5),
     Workload("ConvNeXt-T [1x3x224x224]", lambda: build_convnext_tiny(1), reference=False, repeats=10),
     Workload("r3d_18 stage 2 blocks [1x128x8x28x28]", build_r3d_block, reference=False, repeats=10),
+    Workload("Llama 4 layers h1024 bf16 [1x32 tokens]", build_llama_prefill_bf16, reference=False, repeats=10),
     Workload("decode linear 1x1024 -> 2816", build_decode_linear, reference=False),
 ]
 
@@ -350,11 +360,11 @@ def make_iree(model: nn.Module, inputs: Inputs, notes: list[str]) -> Callable[..
     context.add_vm_module(iree_rt.VmModule.copy_buffer(context.instance, flatbuffer))
     function = context.modules.module[program.name]
     device = config.device
-    params = [iree_rt.asdevicearray(device, p.detach().contiguous().numpy()) for p in captured.params]
+    params = [iree_rt.asdevicearray(device, _numpy(p)) for p in captured.params]
 
     def call(*args: Any) -> list[np.ndarray]:
         flat = [x for x in pytree.tree_leaves((args, {})) if isinstance(x, torch.Tensor)]
-        out = function(*params, *[iree_rt.asdevicearray(device, x.numpy()) for x in flat])
+        out = function(*params, *[iree_rt.asdevicearray(device, _numpy(x)) for x in flat])
         return [np.asarray(o.to_host()) for o in (out if isinstance(out, (tuple, list)) else [out])]
 
     return call
@@ -409,9 +419,20 @@ class Backend:
         return 100 * (q3 - q1) / statistics.median(self.samples)
 
 
+def _numpy(x: torch.Tensor) -> np.ndarray:
+    """`x` as a numpy array; bfloat16, which numpy lacks, as ml_dtypes' (IREE's runtime depends on it)."""
+    x = x.detach().contiguous()
+    if x.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return x.numpy()
+
+
 def _leaves(out: Any) -> list[np.ndarray]:
-    return [x.detach().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-            for x in pytree.tree_leaves(out) if isinstance(x, (torch.Tensor, np.ndarray))]
+    """The output's tensors as arrays to compare (bfloat16 widened to float32, exactly)."""
+    return [(x.detach().float() if x.dtype == torch.bfloat16 else x.detach()).numpy() if isinstance(x, torch.Tensor)
+            else np.asarray(x) for x in pytree.tree_leaves(out) if isinstance(x, (torch.Tensor, np.ndarray))]
 
 
 def max_diff(got: Any, want: Any) -> float:

@@ -189,7 +189,7 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
     collapse_reductions(module)
     normalize(module)
     pads_in_place(module)
-    if chunks == 1 and amx.available(cpu):  # the kernels are one thread's
+    if amx.available(cpu):  # one thread's kernels, with opt="parallel" too: faster than two threads' FMAs
         _rewrite_named_contractions(module, _amx_product)
     if chunks == 1 and bf16_dot.available(cpu):
         _rewrite_named_contractions(module, lambda op: _bf16_dot_product(op, tiles))
