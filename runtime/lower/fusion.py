@@ -95,7 +95,7 @@ def _reshaped(producer: linalg.GenericOp, reshape: ir.Operation) -> ir.Value | N
                 operands.append(_reshape(reshape, operand, shape.shape))
                 new_maps.append(ir.AffineMap.get_identity(shape.rank))
                 continue
-            dims = [ir.AffineDimExpr(e).position for e in m.results]
+            dims = [e.position for e in m.results]  # a projected permutation's results are dimensions
             new_dims = [n for d in dims for n in groups[d]]
             new_maps.append(ir.AffineMap.get(shape.rank, 0, [ir.AffineDimExpr.get(n) for n in new_dims]))
             if all(len(groups[d]) == 1 for d in dims):
@@ -200,8 +200,9 @@ def _fusable(consumer: ir.Operation, i: int) -> bool:
     if not _elementwise(consumer) and not any(m.is_permutation for m in inputs):
         return False
     # every loop must still be bounded by an operand (a reduction's loops by an input)
-    used = {str(e) for m in [*inputs, *consumer_maps[n_inputs:]] for e in m.results}
-    return all(f"d{d}" in used for d in range(consumer_maps[0].n_dims))
+    bounded = {e.position for m in [*inputs, *consumer_maps[n_inputs:]] for e in m.results
+               if isinstance(e, ir.AffineDimExpr)}
+    return len(bounded) == consumer_maps[0].n_dims
 
 
 def _compose(inner: ir.AffineMap, outer: ir.AffineMap) -> ir.AffineMap:
