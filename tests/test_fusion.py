@@ -51,6 +51,15 @@ def _module(source: str) -> ir.Module:
     return ir.Module.parse(source, context())
 
 
+# the sum over the last dimension of the loop `x` (a [2, 8, 16] tensor)
+_SUM = """  %sum_{x} = linalg.generic
+      {{indexing_maps = [#id, #r], iterator_types = ["parallel", "parallel", "reduction"]}}
+      ins(%{x} : tensor<2x8x16xf32>) outs(%z : tensor<2x8xf32>) {{
+  ^bb0(%i: f32, %o: f32):
+    %s = arith.addf %i, %o : f32
+    linalg.yield %s : f32
+  }} -> tensor<2x8xf32>"""
+
 _BROADCAST_THEN_SUM = """
 #id = affine_map<(d0, d1, d2) -> (d0, d1, d2)>
 #c = affine_map<(d0, d1, d2) -> (d1)>
@@ -81,27 +90,11 @@ func.func @f(%b: tensor<8xf32>, %x: tensor<2x8x16xf32>, %p: tensor<2x16xf32>, %q
   } -> tensor<2x8x16xf32>
   %z0 = tensor.empty() : tensor<2x8xf32>
   %z = linalg.fill ins(%zero : f32) outs(%z0 : tensor<2x8xf32>) -> tensor<2x8xf32>
-  %sum = linalg.generic {indexing_maps = [#id, #r], iterator_types = ["parallel", "parallel", "reduction"]}
-      ins(%sq : tensor<2x8x16xf32>) outs(%z : tensor<2x8xf32>) {
-  ^bb0(%i: f32, %o: f32):
-    %s = arith.addf %i, %o : f32
-    linalg.yield %s : f32
-  } -> tensor<2x8xf32>
-  %sum2 = linalg.generic {indexing_maps = [#id, #r], iterator_types = ["parallel", "parallel", "reduction"]}
-      ins(%ex : tensor<2x8x16xf32>) outs(%z : tensor<2x8xf32>) {
-  ^bb0(%i: f32, %o: f32):
-    %s = arith.addf %i, %o : f32
-    linalg.yield %s : f32
-  } -> tensor<2x8xf32>
-  %sum3 = linalg.generic {indexing_maps = [#id, #r], iterator_types = ["parallel", "parallel", "reduction"]}
-      ins(%pq : tensor<2x8x16xf32>) outs(%z : tensor<2x8xf32>) {
-  ^bb0(%i: f32, %o: f32):
-    %s = arith.addf %i, %o : f32
-    linalg.yield %s : f32
-  } -> tensor<2x8xf32>
-  return %sum, %sum2, %sum3 : tensor<2x8xf32>, tensor<2x8xf32>, tensor<2x8xf32>
+{sums}
+  return %sum_sq, %sum_ex, %sum_pq : tensor<2x8xf32>, tensor<2x8xf32>, tensor<2x8xf32>
 }
-"""
+""".replace(
+    "{sums}", "\n".join(_SUM.format(x=x) for x in ("sq", "ex", "pq")))
 
 
 def test_a_reduction_fuses_a_producer_only_where_it_stays_a_reduction_of_a_tensor() -> None:

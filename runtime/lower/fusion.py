@@ -20,7 +20,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import linalg, tensor
 
-from .irutil import find_ops
+from .irutil import clone_into, copy_body, dims_map, expand, find_ops
 
 _CONVERSIONS = frozenset({"arith.extf", "arith.truncf", "arith.extsi", "arith.extui", "arith.trunci",
                           "arith.sitofp", "arith.uitofp"})
@@ -84,42 +84,32 @@ def _reshaped(producer: linalg.GenericOp, reshape: ir.Operation) -> ir.Value | N
               for g in ir.ArrayAttr(reshape.attributes["reassociation"])]
     shape = ir.RankedTensorType(reshape.results[0].type)
     maps = _maps(producer)[:-1]
-    expand = reshape.name == "tensor.expand_shape"
+    expanding = reshape.name == "tensor.expand_shape"
     identity = ir.AffineMap.get_identity(_maps(producer)[-1].n_dims)
-    if not all(m == identity if not expand else m.is_projected_permutation for m in maps):
+    if not all(m.is_projected_permutation if expanding else m == identity for m in maps):
         return None
+    every = dims_map(shape.rank, list(range(shape.rank)))
     with reshape.location, ir.InsertionPoint(reshape):
         operands, new_maps = [], []
         for operand, m in zip(producer.inputs, maps, strict=True):
-            if not expand:
+            if not expanding:
                 operands.append(_reshape(reshape, operand, shape.shape))
-                new_maps.append(ir.AffineMap.get_identity(shape.rank))
+                new_maps.append(every)
                 continue
             dims = [e.position for e in m.results]  # a projected permutation's results are dimensions
             new_dims = [n for d in dims for n in groups[d]]
-            new_maps.append(ir.AffineMap.get(shape.rank, 0, [ir.AffineDimExpr.get(n) for n in new_dims]))
-            if all(len(groups[d]) == 1 for d in dims):
-                operands.append(operand)
-                continue
+            new_maps.append(dims_map(shape.rank, new_dims))
             operand_groups, at = [], 0
             for d in dims:
                 operand_groups.append(list(range(at, at + len(groups[d]))))
                 at += len(groups[d])
-            sizes = [shape.shape[n] for n in new_dims]
-            operands.append(_expand(operand, operand_groups, sizes))
+            operands.append(expand(operand, operand_groups, [shape.shape[n] for n in new_dims]))
         element = ir.RankedTensorType(producer.results[0].type).element_type
         empty = tensor.empty(shape.shape, element)
         moved = linalg.GenericOp([ir.RankedTensorType.get(shape.shape, element)], operands, [empty],
-                                 ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in
-                                                   [*new_maps, ir.AffineMap.get_identity(shape.rank)]]),
+                                 ir.ArrayAttr.get([*new_maps, every]),
                                  ir.ArrayAttr.get([ir.Attribute.parse("#linalg.iterator_type<parallel>")] * shape.rank))
-        old = producer.regions[0].blocks[0]
-        block = moved.regions[0].blocks.append(*[a.type for a in old.arguments],
-                                               arg_locs=[reshape.location] * len(old.arguments))
-        mapping = dict(zip(old.arguments, block.arguments, strict=True))
-        with ir.InsertionPoint(block):
-            for op in old.operations:
-                _clone_into(op, mapping)
+        copy_body(producer, moved)
     return moved.results[0]
 
 
@@ -129,14 +119,6 @@ def _reshape(like: ir.Operation, operand: ir.Value, shape: list[int]) -> ir.Valu
     clone.operands[0] = operand
     clone.results[0].set_type(ir.RankedTensorType.get(shape, ir.ShapedType(operand.type).element_type))
     return clone.results[0]
-
-
-def _expand(operand: ir.Value, groups: list[list[int]], sizes: list[int]) -> ir.Value:
-    """`operand` expanded to the static `sizes`, dimension i into the dimensions `groups[i]`."""
-    kind = ir.RankedTensorType.get(sizes, ir.ShapedType(operand.type).element_type)
-    reassociation = ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(ir.IntegerType.get_signless(64), i)
-                                                        for i in g]) for g in groups])
-    return tensor.ExpandShapeOp(kind, operand, reassociation, [], ir.DenseI64ArrayAttr.get(sizes)).result
 
 
 def _elementwise(op: ir.Operation) -> bool:
@@ -234,27 +216,17 @@ def _fuse(consumer: ir.Operation, i: int) -> ir.Operation:
     block = fused.regions[0].blocks.append(*arg_types, arg_locs=[consumer.location] * len(arg_types))
     args = list(block.arguments)
     mapping: dict[ir.Value, ir.Value] = dict(zip(list(inner.arguments)[:n_in], args[i:i + n_in], strict=True))
-    with ir.InsertionPoint(block):
-        *body, yielded = list(inner.operations)
-        for op in body:
-            _clone_into(op, mapping)
-        mapping = {old.arguments[i]: mapping.get(yielded.operands[0], yielded.operands[0]),
-                   **dict(zip(list(old.arguments)[:i], args[:i], strict=True)),
-                   **dict(zip(list(old.arguments)[i + 1:], args[i + n_in:], strict=True))}
-        for op in old.operations:
-            _clone_into(op, mapping)
+    ip = ir.InsertionPoint(block)
+    *body, yielded = list(inner.operations)
+    for op in body:
+        clone_into(op, mapping, ip)
+    mapping = {old.arguments[i]: mapping.get(yielded.operands[0], yielded.operands[0]),
+               **dict(zip(list(old.arguments)[:i], args[:i], strict=True)),
+               **dict(zip(list(old.arguments)[i + 1:], args[i + n_in:], strict=True))}
+    for op in old.operations:
+        clone_into(op, mapping, ip)
     for old_result, new_result in zip(consumer.results, fused.results, strict=True):
         old_result.replace_all_uses_with(new_result)
     consumer.erase()
     producer.erase()
     return fused
-
-
-def _clone_into(op: ir.Operation, mapping: dict[ir.Value, ir.Value]) -> None:
-    """Clone `op` at the current insertion point, its operands through `mapping`, and map its results."""
-    clone = op.operation.clone(ip=ir.InsertionPoint.current)
-    for j, operand in enumerate(clone.operands):
-        if operand in mapping:
-            clone.operands[j] = mapping[operand]
-    for old_result, new_result in zip(op.results, clone.results, strict=True):
-        mapping[old_result] = new_result

@@ -156,6 +156,24 @@ def static_insert(value: ir.Value, dest: ir.Value, offsets: list[int]) -> ir.Val
     return tensor.InsertSliceOp(value, dest, [], [], [], offsets, sizes, [1] * len(sizes)).result
 
 
+def clone_into(op: ir.Operation, mapping: dict[ir.Value, ir.Value], ip: ir.InsertionPoint) -> None:
+    """Clone `op` at `ip`, its operands read through `mapping`, and map its results to the clone's."""
+    clone = op.operation.clone(ip=ip)
+    for i, operand in enumerate(clone.operands):
+        if operand in mapping:
+            clone.operands[i] = mapping[operand]
+    mapping.update(zip(op.results, clone.results, strict=True))
+
+
+def copy_body(source: ir.Operation, generic: ir.OpView) -> None:
+    """Give the linalg generic `generic` a copy of the body of the generic `source` (same block arguments)."""
+    old = source.regions[0].blocks[0]
+    body = generic.regions[0].blocks.append(*[a.type for a in old.arguments])
+    values = dict(zip(old.arguments, body.arguments, strict=True))
+    for inner in old.operations:
+        clone_into(inner, values, ir.InsertionPoint(body))
+
+
 def dims_map(n_loops: int, dims: list[int]) -> ir.AffineMapAttr:
     """The indexing map of an operand indexed by the loops `dims` (of `n_loops`): `map_dims`'s inverse."""
     return ir.AffineMapAttr.get(ir.AffineMap.get(n_loops, 0, [ir.AffineDimExpr.get(d) for d in dims]))

@@ -87,7 +87,17 @@ from .convolutions import CONV_HWCF as _CONV_HWCF
 from .convolutions import DEPTHWISE as _DEPTHWISE
 from .convolutions import pads_in_place, static_f32
 from .half import is_half, widen_arithmetic
-from .irutil import collapse, dims_map, expand, find_ops, insert_functions, map_dims, run_passes, run_transform
+from .irutil import (
+    collapse,
+    copy_body,
+    dims_map,
+    expand,
+    find_ops,
+    insert_functions,
+    map_dims,
+    run_passes,
+    run_transform,
+)
 from .irutil import tensor_dim as _dim
 from .irutil import tensor_shape as _shape
 from .rows import fuse_rows
@@ -1245,23 +1255,10 @@ def _collapse_outputs(op: ir.Operation) -> None:
         n_loops = len(iterators) - len(run) + 1
         generic = linalg.GenericOp([operands[-1].type], operands[:-1], [operands[-1]],
                                    ir.ArrayAttr.get([dims_map(n_loops, ds) for ds in dims]), kept)
-        _copy_body(op, generic)
+        copy_body(op, generic)
         result = expand(generic.results[0], _run_groups(out.index(run[0]), len(run), len(out)), sizes)
     op.results[0].replace_all_uses_with(result)
     op.erase()
-
-
-def _copy_body(source: ir.Operation, generic: ir.OpView) -> None:
-    """Give `generic` a copy of the body of the generic `source` (same block arguments)."""
-    old = source.regions[0].blocks[0]
-    body = generic.regions[0].blocks.append(*[a.type for a in old.arguments])
-    values = dict(zip(old.arguments, body.arguments, strict=True))
-    for inner in old.operations:
-        clone = inner.clone(ip=ir.InsertionPoint(body))
-        for i, operand in enumerate(clone.operands):
-            if operand in values:
-                clone.operands[i] = values[operand]
-        values.update(zip(inner.results, clone.results, strict=True))
 
 
 def _collapsible(values: list[ir.Value], maps: list[list[int]], run: list[int]) -> bool:
@@ -1352,7 +1349,7 @@ def _collapse_row(op: ir.Operation) -> None:
         n_loops = len(iterators) - len(run) + 1
         affine = [dims_map(n_loops, ds) for ds in [*dims, [renumber[d] for d in maps[-1]]]]
         generic = linalg.GenericOp([op.results[0].type], inputs, [init], ir.ArrayAttr.get(affine), kept)
-        _copy_body(op, generic)
+        copy_body(op, generic)
     op.results[0].replace_all_uses_with(generic.results[0])
     op.erase()
 
