@@ -128,6 +128,8 @@ def _accumulated(value: ir.Value) -> bool:
         outs = len(owner.operands) - len(owner.results)  # a linalg op's first output operand
         if owner.name in ("scf.for", "scf.forall") or (owner.name.startswith("linalg.") and use.operand_number >= outs):
             return True
+        if owner.name in _WRITES and use.operand_number == 1 and _accumulated(owner.results[0]):
+            return True  # the value with a slice written into it (`schedule._rest_columns`) is added to
     return False
 
 
