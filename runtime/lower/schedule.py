@@ -831,8 +831,8 @@ def _rest_columns(op: ir.Operation, source: ir.Operation, at: int, out: ir.Value
     (a 64 x 512 x 1000 matmul at half of eager's speed), and 1040 by 16 with the rest peeled and
     nothing packed (1024 x 1024 x 1040: 0.65x eager's speed)."""
     lhs, rhs = list(op.operands)[:2]
-    *batch, k, n = _shape(rhs)
-    m = _shape(out)[-2]
+    *batch, m, n = (_dim(out, i) for i in range(ir.RankedTensorType(out.type).rank))  # rows may be dynamic
+    k = _dim(rhs, len(batch))
     zeros, width = [0] * len(batch), n - at
     offsets, shape = [*zeros, 0, at], [*batch, k, width]
     if source.name == "linalg.generic":  # extended to f32 (`_widen`)
