@@ -378,9 +378,8 @@ def _pack_filter(op: ir.Operation, parallel: bool, tiles: Tiles) -> None:
     if tiling is None:
         return
     loops, tn = _loop_sizes(op), tiling[0][3]
-    columns = tiles.matmul[1]
-    if loops[3] > columns and loops[3] % columns:
-        tn = columns  # whole panels, then the rest of the channels (`_filter_panels`)
+    if _whole_tiles_and_rest(loops[3], tiles):
+        tn = tiles.matmul[1]
     if loops[3] > tn:
         rest = _filter_panels(op, tn, parallel and threads() > 1 and math.prod(loops) >= SPLIT_MIN_MACS)
         if rest is not None:
@@ -446,9 +445,8 @@ def _pack_panels(op: ir.Operation, parallel: bool, tiles: Tiles) -> None:
         return
     sizes = tiling[0]
     loops = _loop_sizes(op)
-    columns = tiles.matmul[1]
-    if loops[-2] is not None and loops[-2] > columns and loops[-2] % columns:
-        sizes = (*sizes[:-2], columns, sizes[-1])  # whole panels, then the rest (`_column_panels`)
+    if _whole_tiles_and_rest(loops[-2], tiles):
+        sizes = (*sizes[:-2], tiles.matmul[1], sizes[-1])
     elif loops[-2] is None or len(loops) - 2 in tiling[2]:
         return  # a dynamic or peeled column count: its last panel would be partial
     transposed = _dot_source(op, loops, tiles)
@@ -465,6 +463,13 @@ def _pack_panels(op: ir.Operation, parallel: bool, tiles: Tiles) -> None:
             rest = _column_panels(op, source, sizes[-2], forall)
             if rest is not None:
                 _pack_panels(rest, parallel, tiles)
+
+
+def _whole_tiles_and_rest(columns: Extent, tiles: Tiles) -> bool:
+    """Whether a static count of output columns (channels) that the register tile's columns do not
+    divide runs as panels of whole tiles and, after them, a contraction (convolution) of the rest
+    (`_column_panels`, `_filter_panels`), rather than in tiles of a divisor of it."""
+    return columns is not None and columns > tiles.matmul[1] and columns % tiles.matmul[1] != 0
 
 
 def _half_contraction_loops(op: ir.Operation) -> tuple[Extent, ...] | None:
@@ -811,21 +816,7 @@ def _column_panels(op: ir.Operation, source: ir.Operation, tn: int, forall: bool
         ivs, acc, body, finish = _loop_nest([*batch, n], [*ones, tn], init, forall)
         with ir.InsertionPoint(body):
             *at, column = ivs
-            offsets, panel_shape = [*at, 0, column], [*ones, k, tn]
-            empty = tensor.EmptyOp(panel_shape, ir.RankedTensorType(rhs.type).element_type).result
-            if transposed and source.name == "linalg.generic":  # extended to f32 (`_widen`)
-                weight, dims = source.operands[0], map_dims(source)[0]
-                panel = _extended(_extract(weight, [offsets[r] for r in dims], [panel_shape[r] for r in dims]), dims)
-            elif transposed:
-                weight = source.operands[0]
-                perm = list(ir.DenseI64ArrayAttr(source.attributes["permutation"]))
-                weight_offsets, weight_shape = [0] * len(perm), [0] * len(perm)
-                for d, p in enumerate(perm):
-                    weight_offsets[p], weight_shape[p] = offsets[d], panel_shape[d]
-                panel = linalg.transpose(_extract(weight, weight_offsets, weight_shape), outs=[empty],
-                                         permutation=perm)
-            else:
-                panel = linalg.copy(_extract(rhs, offsets, panel_shape), outs=[empty])
+            panel = _columns_of(op, source, [*at, 0, column], [*ones, k, tn], packed=True)
             rows = _extract(lhs, [*at, 0, 0], [*ones, m, k]) if batch else lhs
             tile_offsets, tile_shape = [*at, 0, column], [*ones, m, tn]
             tile = getattr(linalg, op.name.removeprefix("linalg."))(
@@ -854,23 +845,31 @@ def _rest_columns(op: ir.Operation, source: ir.Operation, at: int, out: ir.Value
     *batch, m, n = (_dim(out, i) for i in range(ir.RankedTensorType(out.type).rank))  # rows may be dynamic
     k = _dim(rhs, len(batch))
     zeros, width = [0] * len(batch), n - at
-    offsets, shape = [*zeros, 0, at], [*batch, k, width]
-    if source.name == "linalg.generic":  # extended to f32 (`_widen`)
-        weight, dims = source.operands[0], map_dims(source)[0]
-        columns = _extended(_extract(weight, [offsets[r] for r in dims], [shape[r] for r in dims]), dims)
-    elif source != op:
-        perm = list(ir.DenseI64ArrayAttr(source.attributes["permutation"]))
-        weight_offsets, weight_shape = [0] * len(perm), [0] * len(perm)
-        for d, p in enumerate(perm):
-            weight_offsets[p], weight_shape[p] = offsets[d], shape[d]
-        empty = tensor.EmptyOp(shape, ir.RankedTensorType(rhs.type).element_type).result
-        columns = linalg.transpose(_extract(source.operands[0], weight_offsets, weight_shape), outs=[empty],
-                                   permutation=perm)
-    else:
-        columns = _extract(rhs, offsets, shape)
+    columns = _columns_of(op, source, [*zeros, 0, at], [*batch, k, width], packed=False)
     part = getattr(linalg, op.name.removeprefix("linalg."))(
         lhs, columns, outs=[_extract(out, [*zeros, 0, at], [*batch, m, width])])
     return _insert(tensor.InsertSliceOp, part, out, [*zeros, 0, at], [*batch, m, width]).result, part.owner
+
+
+def _columns_of(op: ir.Operation, source: ir.Operation, offsets: list, shape: list, packed: bool) -> ir.Value:
+    """The part of contraction `op`'s second operand at `offsets` of `shape` ([batch..., k,
+    columns]): extended to f32 from the input of `source` if it is the widening generic (`_widen`),
+    transposed from its input's rows if it is a transpose, else the operand's slice itself (copied
+    into a contiguous buffer if `packed`)."""
+    if source.name == "linalg.generic":
+        weight, dims = source.operands[0], map_dims(source)[0]
+        return _extended(_extract(weight, [offsets[r] for r in dims], [shape[r] for r in dims]), dims)
+    rhs = op.operands[1]
+    if source == op and not packed:
+        return _extract(rhs, offsets, shape)
+    empty = tensor.EmptyOp(shape, ir.RankedTensorType(rhs.type).element_type).result
+    if source == op:
+        return linalg.copy(_extract(rhs, offsets, shape), outs=[empty])
+    perm = list(ir.DenseI64ArrayAttr(source.attributes["permutation"]))
+    weight_offsets, weight_shape = [0] * len(perm), [0] * len(perm)
+    for d, p in enumerate(perm):
+        weight_offsets[p], weight_shape[p] = offsets[d], shape[d]
+    return linalg.transpose(_extract(source.operands[0], weight_offsets, weight_shape), outs=[empty], permutation=perm)
 
 
 def _row_block(op: ir.Operation, source: ir.Operation, loops: tuple[Extent, ...], sizes: tuple[int, ...],
