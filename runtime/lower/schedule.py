@@ -102,7 +102,7 @@ from .irutil import tensor_dim as _dim
 from .irutil import tensor_shape as _shape
 from .rows import fuse_rows
 from .tiles import DOT_MAX_ROWS, Tiles, derive
-from .zero_init import drop_zero_fills, zero_accumulators
+from .zero_init import ACCUMULATES, drop_zero_fills, zero_accumulators
 
 _CONTRACTIONS = {"linalg.batch_matmul": 1, "linalg.matmul": 0}  # op -> number of batch loops
 _DENSE = (_CONV, _CONV_HWCF)  # 2-D convolutions: loops (n, oh, ow, f, kh, kw, c)
@@ -121,6 +121,7 @@ PARALLEL_MIN_MACS = 1 << 24  # smaller contractions stay on the calling thread (
 # thread to be scheduled, up to milliseconds a call: the thresholds keep the region count down.
 SPLIT_MIN_MACS = 1 << 20
 SPLIT_MIN_ELEMENTS = 1 << 16
+MIN_K_CHUNK = 64  # rows of k of a chunk (`_k_chunk`): its output tiles' loads and stores stay few beside its FMAs
 DYNAMIC_SIZE_GUESS = 64  # what _parallel_worth assumes a size known at run time only to be
 _PLAIN_MAPS = {
     "linalg.batch_matmul": "[affine_map<(d0, d1, d2, d3) -> (d0, d1, d3)>, affine_map<(d0, d1, d2, d3) -> "
@@ -456,6 +457,10 @@ def _pack_panels(op: ir.Operation, parallel: bool, tiles: Tiles) -> None:
     source = _panel_source(op, loops, sizes)
     if source is not None:
         forall = parallel and threads() > 1 and _parallel_worth(loops, _CONTRACTIONS[op.name])
+        chunk = None if forall else _k_chunk(op, source, loops, sizes, tiles)
+        if chunk is not None:
+            _k_chunks(op, sizes[-2], chunk)
+            return
         block = None if forall else _row_block(op, source, loops, sizes, tiles)
         if block is not None:
             _row_blocks(op, source, sizes[-2], block)
@@ -872,6 +877,54 @@ def _columns_of(op: ir.Operation, source: ir.Operation, offsets: list, shape: li
     return linalg.transpose(_extract(source.operands[0], weight_offsets, weight_shape), outs=[empty], permutation=perm)
 
 
+def _k_chunk(op: ir.Operation, source: ir.Operation, loops: tuple[Extent, ...], sizes: tuple[int, ...],
+             tiles: Tiles) -> int | None:
+    """`k_chunk` of matmul `op` with static f32 row-major operands, else None."""
+    if op.name != "linalg.matmul" or source != op or None in loops \
+            or not isinstance(ir.RankedTensorType(op.operands[1].type).element_type, ir.F32Type):
+        return None
+    m, n, k = loops
+    return k_chunk(m, n, k, sizes[-2], tiles)
+
+
+def k_chunk(m: int, n: int, k: int, tn: int, tiles: Tiles) -> int | None:
+    """The rows of k of a chunk of an m x k x n f32 product with column panels of `tn` for
+    `_k_chunks` (BLIS's kc), or None.
+
+    Where the second operand is larger than the L2's half (it comes from memory or L3) and the output
+    fits its quarter (it stays there while the chunks add to it): the largest divisor of k, at least
+    MIN_K_CHUNK, whose rows of a column panel fit `Tiles.chunk_panel_bytes` (they stay in L1 while
+    the row tiles pass) and whose rows of the whole operand fit the L2's quarter too, if a panel of
+    all of k doesn't."""
+    if n % tn or 4 * k * tn <= tiles.chunk_panel_bytes or 4 * k * n <= tiles.resident_operand_bytes \
+            or 4 * m * n > tiles.row_block_bytes:
+        return None
+    return max((c for c in range(MIN_K_CHUNK, k) if k % c == 0 and 4 * c * tn <= tiles.chunk_panel_bytes
+                and 4 * c * n <= tiles.row_block_bytes), default=None)
+
+
+def _k_chunks(op: ir.Operation, tn: int, chunk: int) -> None:
+    """Replace matmul `op` by a loop over chunks of `chunk` rows of k, each adding the product of
+    its columns of the first operand and its rows of the second, packed whole into panels of
+    `tn` columns from rows read contiguously (`_row_blocks` with one block of rows), to the output."""
+    lhs, rhs, init = list(op.operands)[:3]
+    m, k = _shape(lhs)
+    n = _shape(rhs)[-1]
+    index = ir.IndexType.get()
+    with ir.InsertionPoint(op), op.location:
+        bounds = [arith.ConstantOp(index, v).result for v in (0, k, chunk)]
+        loop = scf.ForOp(*bounds, iter_args=[init])
+        loop.operation.attributes[ACCUMULATES] = ir.UnitAttr.get()
+        with ir.InsertionPoint(loop.body):
+            at = loop.induction_variable
+            part = linalg.matmul(_extract(lhs, [0, at], [m, chunk]), _extract(rhs, [at, 0], [chunk, n]),
+                                 outs=[loop.inner_iter_args[0]])
+            scf.YieldOp([part])
+    op.results[0].replace_all_uses_with(loop.results[0])
+    op.erase()
+    _row_blocks(part.owner, part.owner, tn, m)
+
+
 def _row_block(op: ir.Operation, source: ir.Operation, loops: tuple[Extent, ...], sizes: tuple[int, ...],
                tiles: Tiles) -> int | None:
     """The rows of a block of contraction `op`'s first operand for `_row_blocks`: the most
@@ -918,13 +971,12 @@ def _row_blocks(op: ir.Operation, source: ir.Operation, tn: int, block: int) -> 
             panels_out = tensor.EmptyOp([n // tn, k, tn], element).result
             if not transposed:
                 columns = collapse(_extract(rhs, [*ivs, 0, 0], [*ones, k, n]), plane)
-                panels = linalg.transpose(expand(columns, [[0], [1, 2]], [k, n // tn, tn]), outs=[panels_out],
-                                          permutation=[1, 0, 2])
+                panels = _panels_by_rows(expand(columns, [[0], [1, 2]], [k, n // tn, tn]), panels_out)
             else:
                 weight = collapse(_extract(source.operands[0], [*ivs, 0, 0], [*ones, n, k]), plane)
                 panels = linalg.transpose(expand(weight, [[0, 1], [2]], [n // tn, tn, k]), outs=[panels_out],
                                           permutation=[0, 2, 1])
-            panels = panels.results[0]
+                panels = panels.results[0]
             out = collapse(_extract(acc, [*ivs, 0, 0], [*ones, m, n]), plane) if batch else acc
             (row, column), racc, rbody, rfinish = _loop_nest([m, n], [block, tn], out, False)
             with ir.InsertionPoint(rbody):
@@ -940,6 +992,20 @@ def _row_blocks(op: ir.Operation, source: ir.Operation, tn: int, block: int) -> 
     op.erase()
     if transposed:
         source.erase()
+
+
+def _panels_by_rows(columns: ir.Value, out: ir.Value) -> ir.Value:
+    """`columns` ([k, panels, columns of a panel]) copied into `out` ([panels, k, columns]) by a
+    generic whose loops run over k outside the panels: each row of the operand read once,
+    contiguously (a transpose's loops follow its output, each panel's rows far apart)."""
+    parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
+    maps = ir.ArrayAttr.get([dims_map(3, [0, 1, 2]), dims_map(3, [1, 0, 2])])
+    element = ir.RankedTensorType(out.type).element_type
+    generic = linalg.GenericOp([out.type], [columns], [out], maps, ir.ArrayAttr.get([parallel] * 3))
+    body = generic.regions[0].blocks.append(element, element)
+    with ir.InsertionPoint(body):
+        linalg.YieldOp([body.arguments[0]])
+    return generic.results[0]
 
 
 Finish = Callable[[ir.Value, list, list[int]], ir.Value]

@@ -24,6 +24,7 @@ from .irutil import find_ops
 
 ROOT = "bufferization.alloc_tensor"  # what a dropped fill's tensor becomes, marked DROPPED
 DROPPED = "torchtosa.dropped_fill"  # other alloc_tensors (a padded input's, `convolutions`) are not ours
+ACCUMULATES = "torchtosa.accumulates"  # a loop whose carried tensor holds partial sums (`schedule._k_chunks`)
 
 
 def drop_zero_fills(contractions: Iterable[ir.Operation]) -> None:
@@ -144,8 +145,8 @@ def _root(value: ir.Value, name: str) -> ir.Operation | None:
             continue
         if isinstance(value, ir.BlockArgument):
             loop = value.owner.owner
-            if loop.name != "scf.for" or value.arg_number == 0:
-                return None
+            if loop.name != "scf.for" or value.arg_number == 0 or ACCUMULATES in loop.attributes:
+                return None  # a chunk of k's tiles start from the sums of the chunks before it
             value = loop.operands[2 + value.arg_number]  # lower, upper, step, then the initial values
             continue
         op = value.owner
