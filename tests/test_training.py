@@ -62,6 +62,8 @@ QKV = (2, 4, 8, 16)
 ATTENTION = {
     "plain": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v), QKV, QKV, QKV),
     "causal": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), QKV, QKV, QKV),
+    "causal, cross": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),  # top-left aligned
+                      (2, 4, 5, 16), QKV, QKV),
     "scale, cross": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=0.3),
                      (2, 4, 5, 16), QKV, (2, 4, 8, 12)),
     "bool mask": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=_MASK), QKV, QKV, QKV),
