@@ -325,7 +325,7 @@ def test_few_rows_by_a_large_operand_add_chunks_of_k(bias: bool) -> None:
     fits its quarter (a training step's input gradient, grad @ W) is a loop over chunks of k, each
     chunk's rows of the operand packed from rows read whole, added to the output (with a bias as
     its initial value too). Before, each column panel was copied from rows 4 KiB and more apart,
-    from memory, for few row tiles: 32 x 1024 x 1024 at 82 GF/s, 97 now (eager 112)."""
+    from memory, for few row tiles: 32 x 1024 x 1024 at 84 GF/s, 97 now (eager 112)."""
     t = derive(select())
     rows, tn = t.matmul
     n = 4 * tn

@@ -121,7 +121,7 @@ PARALLEL_MIN_MACS = 1 << 24  # smaller contractions stay on the calling thread (
 # thread to be scheduled, up to milliseconds a call: the thresholds keep the region count down.
 SPLIT_MIN_MACS = 1 << 20
 SPLIT_MIN_ELEMENTS = 1 << 16
-MIN_K_CHUNK = 64  # rows of k of a chunk (`_k_chunk`): its output tiles' loads and stores stay few beside its FMAs
+MIN_K_CHUNK = 64  # rows of k of a chunk (`k_chunk`): its output tiles' loads and stores stay few beside its FMAs
 DYNAMIC_SIZE_GUESS = 64  # what _parallel_worth assumes a size known at run time only to be
 _PLAIN_MAPS = {
     "linalg.batch_matmul": "[affine_map<(d0, d1, d2, d3) -> (d0, d1, d3)>, affine_map<(d0, d1, d2, d3) -> "
@@ -950,9 +950,10 @@ def _row_block(op: ir.Operation, source: ir.Operation, loops: tuple[Extent, ...]
 
 def _row_blocks(op: ir.Operation, source: ir.Operation, tn: int, block: int) -> None:
     """Replace contraction `op` by, per batch element, its second operand packed whole into
-    panels of `tn` columns ([n / tn, k, tn], transposed from `source`'s input if `source` is a
-    transpose), then a loop over blocks of `block` rows and, inside, over the panels: the
-    contraction of the block's rows with each panel."""
+    panels of `tn` columns ([n / tn, k, tn]: transposed from `source`'s input if `source` is a
+    transpose, else copied from the operand's rows, each read whole, `_panels_by_rows`), then a
+    loop over blocks of `block` rows and, inside, over the panels: the contraction of the block's
+    rows with each panel."""
     lhs, rhs, init = list(op.operands)[:3]
     transposed = source != op
     batch = _CONTRACTIONS[op.name]

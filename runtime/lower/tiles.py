@@ -38,7 +38,7 @@ gradient, grad @ W) gives each panel, copied from the operand's rows far apart i
 tiles to serve: those copies took a third of its time. Where its output fits the L2's quarter, it
 is a loop over chunks of k (BLIS's kc, `schedule.k_chunk`): a chunk's rows of the operand are
 packed from rows read whole, its panels' rows fit half of L1 (`chunk_panel_bytes`), and each
-chunk adds to the output. 32 x 1024 x 1024, one thread, Sapphire Rapids: 82 -> 97 GF/s (eager
+chunk adds to the output. 32 x 1024 x 1024, one thread, Sapphire Rapids: 84 -> 97 GF/s (eager
 112), 64 x 2048 x 512 114 -> 134 (169).
 
 A vector-matrix product (one row: a decoding step's nn.Linear) reads the weight along k, its
