@@ -656,9 +656,11 @@ def write_doc(doc: Path, env: dict[str, str], table: str, notes: list[str], scal
                  "`torchtosa.compile` (and `torch.compile` with Inductor) plus the first call in a new process "
                  "with fresh on-disk caches, then in a second process sharing them (torchtosa's "
                  "TORCHTOSA_CACHE_DIR, Inductor's TORCHINDUCTOR_CACHE_DIR); one thread each. Both include what "
-                 "any new process pays once (Dynamo's lazy imports: about 0.7 s); torchtosa's second process "
-                 "still captures the graph with Dynamo and AOTAutograd and imports it to TOSA, the key of its "
-                 "cache.", "", cached, ""]
+                 "a new process pays once on its first compile (lazy imports). torchtosa's second process checks "
+                 "the guards of the kept capture instead of tracing with Dynamo and AOTAutograd "
+                 "(runtime/capture/captures.py), imports its graph to TOSA (the key of the compiled code) and "
+                 "loads the library; Inductor's runs Dynamo and loads AOTAutograd's and its own cached "
+                 "results.", "", cached, ""]
     if dynamic:
         text += ["## Dynamic shapes", "",
                  "One `torch.compile(model, backend=\"torchtosa\", dynamic=True)` per workload serves every size "

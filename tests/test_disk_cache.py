@@ -110,3 +110,39 @@ def test_the_body_is_compiled_once(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         if len(fields) == 4:
             sizes[fields[3]] = int(fields[1], 16)
     assert "_mlir_ciface_forward" not in sizes and sizes["torchtosa_packed_forward"] > 1000, sizes
+
+
+def test_the_folder_keeps_to_its_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store removes the entries used least recently until the folder fits in
+    TORCHTOSA_CACHE_SIZE; a load marks its entry used."""
+    monkeypatch.setenv(disk_cache.ENV_SWITCH, "1")
+    monkeypatch.setenv(disk_cache.ENV_DIR, str(tmp_path))
+    x = torch.randn(4, 8)
+    functions = [torch.tanh, torch.sigmoid, torch.exp]
+    with torch.no_grad():
+        CACHE.clear()
+        torchtosa.compile(functions[0], x)(x)
+        entry = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
+        monkeypatch.setenv(disk_cache.ENV_SIZE, str(int(2.5 * entry)))  # room for two such entries
+        for fn in functions[1:]:
+            CACHE.clear()
+            torch.testing.assert_close(torchtosa.compile(fn, x)(x), fn(x))
+        CACHE.clear()
+        torchtosa.compile(functions[2], x)(x)  # the newest, loaded: used now
+        assert [run.native.cached for _, run in CACHE.entries.values()] == [True]
+    assert sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file()) <= 2.5 * entry
+    assert len(list(tmp_path.glob("*.so"))) == len(list(tmp_path.glob("*.json"))) == 2
+    CACHE.clear()
+    with torch.no_grad():
+        torchtosa.compile(functions[0], x)(x)  # the oldest was removed
+    assert [run.native.cached for _, run in CACHE.entries.values()] == [False]
+    CACHE.clear()
+
+
+def test_a_size_that_is_not_one_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(disk_cache.ENV_SIZE, "lots")
+    with pytest.raises(ValueError, match="TORCHTOSA_CACHE_SIZE='lots'"):
+        disk_cache.limit()
+    for text, size in (("500M", 500 << 20), ("4G", 4 << 30), ("1.5k", 1536), ("123", 123)):
+        monkeypatch.setenv(disk_cache.ENV_SIZE, text)
+        assert disk_cache.limit() == size

@@ -24,7 +24,6 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch._dynamo import exc as dynamo_exc
-from torch._dynamo.eval_frame import remove_from_cache
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch._guards import TracingContext, detect_fake_mode
 from torch._ops import HigherOrderOperator
@@ -34,7 +33,7 @@ from torch.fx.experimental.symbolic_shapes import has_free_symbols
 
 from ..errors import InvalidInput, TorchTosaError, Unsupported
 from ..options import Options
-from . import layouts, resizes
+from . import captures, frames, layouts, resizes
 from .decompositions import DECOMPOSITIONS
 from .outline import inline_subgraphs, outlined, repeated_layers
 
@@ -118,38 +117,67 @@ def capture(
     torch's random generator is left as it was (Dynamo saves and restores it around tracing;
     the recorded run draws from it too): after `torch.manual_seed(s)`, the compiled function's
     random ops, which run eagerly, draw what `fn`'s would.
+
+    With the disk cache on, a capture whose assumptions can be kept is kept (captures.py), and a
+    later call (another process) whose guards hold takes it instead of tracing.
     """
+    kwargs = dict(kwargs or {})
+    entry = captures.key(fn, args, kwargs, outline)  # None: the disk cache is off
+    if entry is not None and (kept := _kept(entry, fn, args, kwargs)) is not None:
+        return kept
     with torch.random.fork_rng(devices=[]):
         if outline and isinstance(fn, torch.nn.Module) and repeated_layers(fn):
             try:
                 with outlined(fn):
-                    return _traced(fn, args, kwargs)
+                    captured, guards, constants = _traced(fn, args, kwargs, entry is not None)
             except Exception:  # any refusal of the regions (Dynamo, AOTAutograd): trace without them
-                pass
-        return _traced(fn, args, kwargs)
+                captured, guards, constants = _traced(fn, args, kwargs, entry is not None)
+        else:
+            captured, guards, constants = _traced(fn, args, kwargs, entry is not None)
+    if entry is not None and guards is not None:
+        captures.store(entry, captured, guards, _state_paths(fn), constants)
+    return captured
+
+
+def _kept(entry_key: str, fn: Callable[..., Any] | torch.nn.Module, args: tuple[Any, ...],
+          kwargs: dict[str, Any]) -> Captured | None:
+    """The capture kept on disk under `entry_key` if its guards hold for this call, checked as
+    Dynamo would on the frame it traced (`_trampoline(fn, *args, **kwargs)`, without autograd,
+    the repeated layers marked if they were)."""
+    entry = captures.load(entry_key)
+    if entry is None:
+        return None
+    marked = outlined(fn) if entry["outlined"] else contextlib.nullcontext()
+    with torch.no_grad(), mha_fastpath_disabled(), marked:
+        if entry["guards"].check(_trampoline, (fn, *args), kwargs) is not None:
+            return None
+    try:
+        gm, params = captures.bind(entry, fn)
+    except Exception:  # a state tensor no longer there: the guards should have said so
+        return None
+    inputs = [x for x in pytree.tree_leaves((tuple(args), kwargs)) if isinstance(x, torch.Tensor)]
+    return Captured(gm, params, inputs, entry["in_spec"], entry["out_spec"], entry["names"], entry["outlined"])
 
 
 def _traced(fn: Callable[..., Any] | torch.nn.Module, args: tuple[Any, ...],
-            kwargs: dict[str, Any] | None) -> Captured:
-    """`capture` of `fn` as it is."""
-    kwargs = dict(kwargs or {})
+            kwargs: dict[str, Any], guards: bool) -> tuple[Captured, frames.Guards | None, set[int]]:
+    """`capture` of `fn` as it is; if `guards`, what the trace assumed (frames.trace); the ids of
+    the lifted tensors the trace made itself (constants)."""
     leaves, in_spec = pytree.tree_flatten((tuple(args), kwargs))
     inputs = [x for x in leaves if isinstance(x, torch.Tensor)]
     rec = _Recorder()
-    compiled = torch.compile(_trampoline, backend=rec.backend, fullgraph=True, dynamic=False)
     with torch.no_grad(), mha_fastpath_disabled(), resizes.kept(), translated_dynamo_errors():
-        try:
-            result = compiled(fn, *args, **kwargs)
-        finally:
-            remove_from_cache(_trampoline)
+        run, kept = frames.trace(_trampoline, (fn, *args), kwargs, rec.backend, guards=guards)
+        result = run(fn, *args, **kwargs)
     out_leaves, out_spec = pytree.tree_flatten(_wrap_constants(result))
     paths = _state_paths(fn)
     # p_fc_weight; a module path is not always made of identifiers (regnet's `block1-0`)
     placeholders = {i: kind + re.sub(r"\W", "_", path) for i, (kind, path) in paths.items()}
+    constants = rec.constant_ids()
     gm, params = rec.rebuild(_state_order(fn), inputs, out_leaves, placeholders, _input_names(fn, args, kwargs))
     nodes = gm.graph.find_nodes(op="placeholder")
     names = [paths[id(t)][1] if id(t) in paths else node.name for t, node in zip(params, nodes, strict=False)]
-    return Captured(gm, params, inputs, in_spec, out_spec, names, rec.outlined)
+    return Captured(gm, params, inputs, in_spec, out_spec, names, rec.outlined), kept, constants
 
 
 def capture_exported(ep: torch.export.ExportedProgram) -> Captured:
@@ -303,9 +331,14 @@ class _Recorder:
 
     def backend(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         """Run AOTAutograd and remember what the compiled graph returns."""
-        inner = aot_module_simplified(
-            gm, example_inputs, fw_compiler=self._fw_compiler, decompositions=DECOMPOSITIONS
-        )
+        try:
+            inner = aot_module_simplified(
+                gm, example_inputs, fw_compiler=self._fw_compiler, decompositions=DECOMPOSITIONS
+            )
+        except (TorchTosaError, dynamo_exc.RestartAnalysis):  # a restart: Dynamo traces again
+            raise
+        except Exception as e:
+            raise Unsupported(f"AOTAutograd failed: {e}") from e
 
         def run(*args: Any) -> Any:
             self.outputs = inner(*args)
@@ -325,6 +358,10 @@ class _Recorder:
 
         run._boxed_call = True  # type: ignore[attr-defined]
         return run
+
+    def constant_ids(self) -> set[int]:
+        """The ids of the tensors the recorded graph holds as attributes (made by the trace)."""
+        return {id(v) for n, v in _bound_values(self.gm, self.args).items() if n.op == "get_attr"}
 
     def rebuild(
         self, state_order: dict[int, int], inputs: list[torch.Tensor], out_leaves: list[Any],

