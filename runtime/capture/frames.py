@@ -37,7 +37,7 @@ import torch
 from torch._dynamo import convert_frame
 from torch._dynamo.eval_frame import set_enable_dynamic
 from torch._dynamo.exc import TensorifyScalarRestartAnalysis
-from torch._dynamo.guards import CheckFunctionManager, _get_closure_vars
+from torch._dynamo.guards import SKIP_GUARD, CheckFunctionManager, GuardBuilder, GuardCheckSpec, _get_closure_vars
 from torch._dynamo.hooks import Hooks
 from torch._dynamo.output_graph import get_builtins_dict
 from torch._dynamo.package import load_guard_manager
@@ -50,23 +50,25 @@ __all__ = ["Guards", "trace"]
 Backend = Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]
 _RESTARTS = 8  # traces of a frame whose graph asks for floats to be specialized (Dynamo allows 100)
 _UNSERIALIZABLE = frozenset(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
-# what a fact records of the value a guard found, by the guard's type: else the value itself
-_KIND = {"TYPE_MATCH": "type", "DICT_LENGTH": "len", "LENGTH_CHECK": "len", "SEQUENCE_LENGTH": "len"}
-_CONSTANTS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, enum.Enum)
+# guards on what an object is: a fact names it (`_identity`); Dynamo's own check compares ids
+_IDENTITIES = frozenset({"ID_MATCH", "FUNCTION_MATCH", "CLASS_MATCH", "MODULE_MATCH", "CLOSURE_MATCH",
+                         "BUILTIN_MATCH"})
+
+Fact = tuple[str, Any]  # ("type" | "is", a lasting name), or (a guard type, its check's metadata)
 
 
 @dataclass(frozen=True)
 class Guards:
     """What a trace of the function `code` assumed: Dynamo's serializable guards (`state`,
-    pickled) and the module each global name they use stands for (`imports`); (place, what was
-    there) for each guard on a global or on an identity (`facts`); (module, first line, line after
-    the last, sha256) of the source of each function traced; (class, attribute, bytecode hash) of
+    pickled) and the module each global name they use stands for (`imports`); (place, `Fact`)
+    for each guard on a global or on an identity (`facts`); (module, first line, line after the
+    last, sha256) of the source of each function traced; (class, attribute, bytecode hash) of
     each traced function made by exec."""
 
     code: str
     state: bytes
     imports: tuple[tuple[str, str], ...]
-    facts: tuple[tuple[Any, str], ...]
+    facts: tuple[tuple[Any, Fact], ...]
     sources: tuple[tuple[str, int, int, str], ...]
     generated: tuple[tuple[str, str, str], ...]
 
@@ -108,10 +110,8 @@ class Guards:
         for name, value in graph.global_scope.items():
             scope.setdefault(name, value)
         for source, fact in self.facts:
-            value = source.get_value({"L": frame_locals, "G": scope}, _get_closure_vars(), {})
-            found = _fact(value, fact.split(" ")[0])
-            if found != fact:
-                return f"{source.name}: {found}, not {fact}"
+            if not _holds(fact, source.get_value({"L": frame_locals, "G": scope}, _get_closure_vars(), {})):
+                return f"{source.name} no longer passes {fact[0]} {fact[1]!r}"
         return None
 
 
@@ -120,7 +120,7 @@ def trace(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
     """Trace `fn(*args, **kwargs)` as one graph with static sizes, compile the graph with
     `backend`; the frame's rewritten code (call it as `fn`) and, if `guards`, what the trace
     assumed (None if it can't all be kept). Dynamo's own errors propagate."""
-    facts: list[tuple[Any, str | None]] = []
+    facts: list[tuple[Any, Fact | None]] = []
 
     def serializable(entries: Sequence[Any]) -> list[bool]:
         """Dynamo's guard filter: keep what serializes; make facts of the rest and of globals."""
@@ -128,8 +128,7 @@ def trace(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                 for g in entries]
         for g, kept in zip(entries, keep, strict=True):
             if not kept or g.is_global:
-                fact = _fact(g.value, _KIND.get(g.guard_type, "value")) if g.has_value else None
-                facts.append((g.orig_guard.originating_source, fact))
+                facts.append((g.orig_guard.originating_source, _fact(g) if g.has_value else None))
         return keep
 
     with get_metrics_context(), dynamo_timed("torchtosa_capture"), set_enable_dynamic(False):
@@ -184,13 +183,13 @@ def _captured(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     raise AssertionError(f"Dynamo restarted its trace {_RESTARTS} times")
 
 
-def _kept(fn: Callable[..., Any], output: Any, check: Any, facts: list[tuple[Any, str | None]]) -> Guards | None:
+def _kept(fn: Callable[..., Any], output: Any, check: Any, facts: list[tuple[Any, Fact | None]]) -> Guards | None:
     """The `Guards` of a trace, or None if one of its assumptions can't be named."""
     if check.guards_state is None or any(fact is None for _, fact in facts):
         return None
     codes = list(dict.fromkeys(output.traced_code))  # a repeated layer's code is there each time
     modules = {inspect.getmodule(code) for code in codes} - {None}
-    classes = [cls for _, fact in facts if isinstance(cls := _named(fact.split(" ")[-1]), type)]
+    classes = [cls for _, (kind, name) in facts if kind in ("type", "is") and isinstance(cls := _named(name), type)]
     classes += [value for module in modules for value in vars(module).values() if isinstance(value, type)]
     sources, generated = set(), set()
     for code in codes:
@@ -200,7 +199,7 @@ def _kept(fn: Callable[..., Any], output: Any, check: Any, facts: list[tuple[Any
             generated.add(owner)
         else:
             return None
-    kept = tuple(dict.fromkeys(facts))
+    kept = tuple({(source.name, fact[0], repr(fact[1])): (source, fact) for source, fact in facts}.values())
     try:
         pickle.dumps(kept)
     except Exception:  # a place Dynamo describes with something that doesn't pickle
@@ -242,25 +241,40 @@ def _owner(code: types.CodeType, classes: list[type]) -> tuple[str, str, str] | 
     return None
 
 
-def _fact(value: Any, kind: str) -> str | None:
-    """What a guard of `kind` found in `value`, in words another process can compare: "type ..."
-    (the type's lasting name), "len n", or "value ..." (a constant, or the lasting name of a
-    module, class, function or code object); None if it can't be named."""
-    if kind == "type":
-        name = _identity(type(value))
-        return None if name is None else f"type {name}"
-    if kind == "len":
-        return f"len {len(value)}" if hasattr(value, "__len__") else None
-    name = _identity(value)
-    if name is None and _constant(value):
-        name = f"{type(value).__qualname__} {value!r}"
-    return None if name is None else f"value {name}"
+def _fact(guard: Any) -> Fact | None:
+    """What a guard (a GuardFilterEntry) found, so that another process can check it: the
+    lasting name of the type or object an identity guard compared (`_identity`), else the
+    metadata of Dynamo's own check of the guard (GuardCheckSpec: the constant, the length, the
+    keys, the attribute...), if it pickles; None if neither can be kept."""
+    kind, value = guard.guard_type, guard.value
+    if kind != "TYPE_MATCH" and _IDENTITIES.intersection(guard.derived_guard_types):
+        kind = "ID_MATCH"  # a constant compared by id (a code object)
+    if kind in ("TYPE_MATCH", *_IDENTITIES):
+        name = _identity(type(value) if kind == "TYPE_MATCH" else value)
+        return None if name is None else ("type" if kind == "TYPE_MATCH" else "is", name)
+    spec = getattr(getattr(GuardBuilder, kind, None), "guard_check_spec", None)
+    if kind == "NN_MODULE":  # a module instance, by id: nothing to name it by
+        return None
+    if spec is SKIP_GUARD:  # global state (grad mode...): the loaded guards compare with the trace's
+        return ("skip", None)
+    if not isinstance(spec, GuardCheckSpec):
+        return None
+    try:
+        metadata = spec.get_metadata_fn(guard.orig_guard, value)
+        pickle.dumps(metadata)
+    except Exception:
+        return None
+    return kind, metadata
 
 
-def _constant(value: Any) -> bool:
-    if isinstance(value, (tuple, list, frozenset)):
-        return all(_constant(v) for v in value)
-    return isinstance(value, _CONSTANTS)
+def _holds(fact: Fact, value: Any) -> bool:
+    """Whether `value`, found where the fact's guard looked, passes it."""
+    kind, metadata = fact
+    if kind == "skip":
+        return True
+    if kind in ("type", "is"):
+        return _identity(type(value) if kind == "type" else value) == metadata
+    return bool(getattr(GuardBuilder, kind).guard_check_spec.eval_fn(value, metadata))
 
 
 def _identity(value: Any) -> str | None:
