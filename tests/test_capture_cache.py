@@ -40,6 +40,17 @@ class Block(nn.Module):
 
     def forward(self, x):
         return self.act(self.norm(self.fc(x))) * SCALE
+
+
+class Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.Tanh()) for _ in range(3))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x) + x
+        return x
 '''
 
 
@@ -104,6 +115,17 @@ def test_a_second_compile_takes_the_kept_capture(models: Callable[[str], ModuleT
         for p in model.parameters():
             p.add_(torch.randn_like(p))
     torch.testing.assert_close(_compiled(model, x), _eager(model, x), rtol=1e-5, atol=1e-5)
+    assert len(traces) == 1
+
+
+def test_repeated_blocks_traced_once_are_kept(models: Callable[[str], ModuleType], traces: list[int]) -> None:
+    """A capture that traced repeated blocks once (outline.py's nested regions: a subclass of the
+    block's class, found by pickle under its own module while it exists) is kept and taken."""
+    model, x = models(SOURCE).Stack().eval(), torch.randn(4, 16)
+    assert type(model.blocks[0]) is torch.nn.Sequential  # the marks are gone after each compile
+    for _ in range(2):
+        torch.testing.assert_close(_compiled(model, x), _eager(model, x), rtol=1e-5, atol=1e-5)
+        assert type(model.blocks[0]) is torch.nn.Sequential
     assert len(traces) == 1
 
 

@@ -145,13 +145,13 @@ def trace(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
             try:
                 check = output.build_guards(frame.__code__, hooks=Hooks(guard_filter_fn=serializable), save=True,
                                             strict_error=True)
-            except torch._dynamo.exc.PackageError:
-                check = None
-            kept = _kept(fn, output, check, facts) if check is not None else None
-            # Dynamo reads a module's globals through an import it caches: a module imported
-            # again since (a new object) has the facts of the old one
-            if kept is not None and kept.check_facts(_locals(fn, args, kwargs), output.output_graph,
-                                                     dict(fn.__globals__)):
+                kept = _kept(fn, output, check, facts)
+                # Dynamo reads a module's globals through an import it caches: a module imported
+                # again since (a new object) has the facts of the old one
+                if kept is not None and kept.check_facts(_locals(fn, args, kwargs), output.output_graph,
+                                                         dict(fn.__globals__)):
+                    kept = None
+            except Exception:  # a guard that can't be serialized (PackageError, a local class...)
                 kept = None
         run = output.get_runtime_env().forward_callable(captured.backend_input.backend_id, compiled,
                                                         extra_globals=frame.__globals__)

@@ -27,6 +27,8 @@ import contextlib
 import functools
 import operator
 import re
+import sys
+import types
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -90,15 +92,30 @@ def outlined(module: torch.nn.Module) -> Iterator[int]:
             for block in group:
                 cls = type(block)
                 if cls not in marked:
-                    forward = _positional_region(cls.forward)
-                    marked[cls] = type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__,
-                                                              "__qualname__": cls.__qualname__})
+                    marked[cls] = _marked(cls)
                 block.__class__ = marked[cls]
                 swapped.append((block, cls))
         yield len(swapped)
     finally:
         for block, cls in swapped:
             block.__class__ = cls
+        for cls in marked.values():
+            module = sys.modules[cls.__module__]
+            if vars(module).get(cls.__qualname__) is cls:
+                delattr(module, cls.__qualname__)
+
+
+def _marked(cls: type) -> type:
+    """The subclass of `cls` whose forward is a nested compile region. It has `cls`'s name, in a
+    module of its own named after `cls`'s (`torchtosa.capture.outline.marked.<module>`), where
+    pickle finds it while it exists: a capture's guards keep the types they saw (frames.py)."""
+    name = cls.__qualname__.replace(".", "_")  # a top-level name: Dynamo keeps no nested class
+    module_name = f"{__name__}.marked.{cls.__module__}"
+    module = sys.modules.setdefault(module_name, types.ModuleType(module_name))
+    subclass = type(name, (cls,), {"forward": _positional_region(cls.forward), "__module__": module_name,
+                                   "__qualname__": name})
+    setattr(module, name, subclass)
+    return subclass
 
 
 def _positional_region(forward: Callable[..., Any]) -> Callable[..., Any]:
