@@ -413,6 +413,8 @@ class CompiledFunction:
                 hit = None
             else:
                 hit = _Captured(captured, *compile_graph(captured.gm, self.options))
+                if captured.origin:
+                    hit.explanation.notes.append(f"capture: {captured.origin}")
         with self.lock:
             self.compiled[key] = hit
         return hit

@@ -129,6 +129,24 @@ def test_repeated_blocks_traced_once_are_kept(models: Callable[[str], ModuleType
     assert len(traces) == 1
 
 
+def test_explain_says_what_the_cache_did(models: Callable[[str], ModuleType]) -> None:
+    model, x = models(SOURCE).Block().eval(), torch.randn(4, 16)
+
+    def note() -> str:
+        CACHE.clear()
+        with torch.no_grad():
+            compiled = torchtosa.compile(model, x)
+            compiled(x)
+        return next(n for n in compiled.explain().notes if n.startswith("capture:"))
+
+    assert note() == "capture: kept on disk"
+    assert note() == "capture: taken from the disk cache (no trace)"
+    model.norm.eps = 0.5
+    changed = note()
+    assert changed.startswith("capture: traced: the capture kept on disk no longer holds (guard failed: "), changed
+    assert "eps" in changed and changed.endswith(", kept on disk"), changed
+
+
 def _attribute(module: ModuleType, model: torch.nn.Module) -> torch.nn.Module:
     model.norm.eps = 0.5
     return model
@@ -201,6 +219,8 @@ def test_a_tensor_the_function_closes_over_is_not_kept(models: Callable[[str], M
     x = torch.randn(4, 16)
     torch.testing.assert_close(_compiled(project, x), project(x), rtol=1e-5, atol=1e-5)
     assert not list((tmp_path / "cache" / "captures").glob("*.pkl"))
+    compiled = torchtosa.compile(project, x)
+    assert "capture: not kept on disk (it assumed what another process can't check)" in compiled.explain().notes
 
 
 SCRIPT = '''

@@ -63,6 +63,8 @@ class Captured:
     outlined: dict[str, int] = field(default_factory=dict)
     # which graph of a torch.compile graph it is ("forward graph 0"), if it came from one
     graph: str = ""
+    # what the disk cache did for it (captures.py): taken from it, or why it was traced
+    origin: str = ""
 
 
 class _Constant:
@@ -123,8 +125,11 @@ def capture(
     """
     kwargs = dict(kwargs or {})
     entry = captures.key(fn, args, kwargs, outline)  # None: the disk cache is off
-    if entry is not None and (kept := _kept(entry, fn, args, kwargs)) is not None:
-        return kept
+    why = ""
+    if entry is not None:
+        kept, why = _kept(entry, fn, args, kwargs)
+        if kept is not None:
+            return kept
     with torch.random.fork_rng(devices=[]):
         if outline and isinstance(fn, torch.nn.Module) and repeated_layers(fn):
             try:
@@ -134,29 +139,32 @@ def capture(
                 captured, guards, constants = _traced(fn, args, kwargs, entry is not None)
         else:
             captured, guards, constants = _traced(fn, args, kwargs, entry is not None)
-    if entry is not None and guards is not None:
-        captures.store(entry, captured, guards, _state_paths(fn), constants)
+    if entry is not None:
+        stored = guards is not None and captures.store(entry, captured, guards, _state_paths(fn), constants)
+        captured.origin = ", ".join(filter(None, [
+            why, "kept on disk" if stored else "not kept on disk (it assumed what another process can't check)"]))
     return captured
 
 
 def _kept(entry_key: str, fn: Callable[..., Any] | torch.nn.Module, args: tuple[Any, ...],
-          kwargs: dict[str, Any]) -> Captured | None:
+          kwargs: dict[str, Any]) -> tuple[Captured | None, str]:
     """The capture kept on disk under `entry_key` if its guards hold for this call, checked as
     Dynamo would on the frame it traced (`_trampoline(fn, *args, **kwargs)`, without autograd,
-    the repeated layers marked if they were)."""
+    the repeated layers marked if they were); else None and why not ("" if there is none)."""
     entry = captures.load(entry_key)
     if entry is None:
-        return None
+        return None, ""
     marked = outlined(fn) if entry["outlined"] else contextlib.nullcontext()
     with torch.no_grad(), mha_fastpath_disabled(), marked:
-        if entry["guards"].check(_trampoline, (fn, *args), kwargs) is not None:
-            return None
+        if (why := entry["guards"].check(_trampoline, (fn, *args), kwargs)) is not None:
+            return None, f"traced: the capture kept on disk no longer holds ({why})"
     try:
         gm, params = captures.bind(entry, fn)
-    except Exception:  # a state tensor no longer there: the guards should have said so
-        return None
+    except Exception as err:  # a state tensor no longer there: the guards should have said so
+        return None, f"traced: the capture kept on disk doesn't bind ({err})"
     inputs = [x for x in pytree.tree_leaves((tuple(args), kwargs)) if isinstance(x, torch.Tensor)]
-    return Captured(gm, params, inputs, entry["in_spec"], entry["out_spec"], entry["names"], entry["outlined"])
+    return Captured(gm, params, inputs, entry["in_spec"], entry["out_spec"], entry["names"], entry["outlined"],
+                    origin="taken from the disk cache (no trace)"), ""
 
 
 def _traced(fn: Callable[..., Any] | torch.nn.Module, args: tuple[Any, ...],
