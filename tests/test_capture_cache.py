@@ -201,6 +201,18 @@ def test_a_module_imported_anew_keeps_no_facts_of_the_old_one(models: Callable[[
     torch.testing.assert_close(_compiled(model, x), _eager(model, x), rtol=1e-5, atol=1e-5)
 
 
+def test_a_damaged_entry_traces_again(models: Callable[[str], ModuleType], traces: list[int],
+                                      tmp_path: Path) -> None:
+    model, x = models(SOURCE).Block().eval(), torch.randn(4, 16)
+    _compiled(model, x)
+    (entry,) = (tmp_path / "cache" / "captures").glob("*.pkl")
+    entry.write_bytes(entry.read_bytes()[:100])  # cut short, as by a full disk
+    torch.testing.assert_close(_compiled(model, x), _eager(model, x), rtol=1e-5, atol=1e-5)
+    assert len(traces) == 2 and entry.stat().st_size > 100  # traced again and kept whole
+    _compiled(model, x)
+    assert len(traces) == 2
+
+
 def test_other_sizes_trace_again(models: Callable[[str], ModuleType], traces: list[int]) -> None:
     model = models(SOURCE).Block().eval()
     for rows in (4, 6, 4):
