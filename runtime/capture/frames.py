@@ -99,7 +99,6 @@ class Guards:
             return None
         return "guard failed: " + "; ".join(manager.check_verbose(frame_locals).verbose_code_parts)
 
-
     def check_facts(self, frame_locals: dict[str, Any], graph: Any, scope: dict[str, Any]) -> str | None:
         """None if every fact holds, else why not. `scope` (the traced function's globals) gets
         the modules the guards' global names stand for, imported now, and what Dynamo put there
@@ -189,7 +188,9 @@ def _kept(fn: Callable[..., Any], output: Any, check: Any, facts: list[tuple[Any
         return None
     codes = list(dict.fromkeys(output.traced_code))  # a repeated layer's code is there each time
     modules = {inspect.getmodule(code) for code in codes} - {None}
-    classes = [cls for _, (kind, name) in facts if kind in ("type", "is") and isinstance(cls := _named(name), type)]
+    # an identity's name is "<kind> module:qualname ...": the classes among them
+    classes = [cls for _, (kind, name) in facts
+               if kind in ("type", "is") and isinstance(cls := _named(name.split(" ")[1]), type)]
     classes += [value for module in modules for value in vars(module).values() if isinstance(value, type)]
     sources, generated = set(), set()
     for code in codes:
