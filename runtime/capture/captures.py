@@ -20,9 +20,7 @@ within its size (disk_cache.prune).
 from __future__ import annotations
 
 import hashlib
-import os
 import pickle
-import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -37,7 +35,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from ..execute import disk_cache
 from .frames import Guards
 
-__all__ = ["bind", "key", "load", "store"]
+__all__ = ["bind", "binding", "key", "load", "store"]
 
 FORMAT = 1  # the layout of an entry
 
@@ -70,33 +68,35 @@ def _path(entry_key: str) -> Path:
     return root / "captures" / f"{entry_key}.pkl"
 
 
-def store(entry_key: str, captured: Any, guards: Guards, state: dict[int, tuple[str, str]],
-          constants: set[int]) -> bool:
-    """Keep `captured` (a trace.Captured) under `entry_key`; `state` gives the kind and module path
-    of each module tensor and `constants` the tensors the trace made. False (nothing kept) if a
-    lifted tensor is neither, or the entry can't be written."""
-    binding: list[tuple[str, Any]] = []
-    for tensor in captured.params:
+def binding(params: list[torch.Tensor], state: dict[int, tuple[str, str]],
+            constants: set[int]) -> list[tuple[str, Any]] | None:
+    """Where each of a capture's lifted tensors comes from: its kind and path in the module's
+    `state` (by id), or ("value", a copy) for one of the `constants` the trace made; None if one
+    is neither (a tensor the function closes over: its value may differ next time)."""
+    found: list[tuple[str, Any]] = []
+    for tensor in params:
         if id(tensor) in state:
-            binding.append(state[id(tensor)])
+            found.append(state[id(tensor)])
         elif id(tensor) in constants:
-            binding.append(("value", tensor.detach().clone()))
-        else:  # a tensor the function closes over: its value may differ next time
-            return False
+            found.append(("value", tensor.detach().clone()))
+        else:
+            return None
+    return found
+
+
+def store(entry_key: str, captured: Any, guards: Guards, bound: list[tuple[str, Any]]) -> bool:
+    """Keep `captured` (a trace.Captured) under `entry_key`, its lifted tensors `bound` as
+    `binding` found them; False if the entry can't be written."""
     try:
         entry = pickle.dumps({
-            "graph": GraphPickler.dumps(captured.gm, Options(ops_filter=None)), "binding": binding,
+            "graph": GraphPickler.dumps(captured.gm, Options(ops_filter=None)), "binding": bound,
             "in_spec": captured.in_spec, "out_spec": captured.out_spec, "names": captured.param_names,
             "outlined": captured.outlined, "guards": guards,
         })
-        path = _path(entry_key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".tmp-", delete=False) as tmp:
-            tmp.write(entry)
-        os.replace(tmp.name, path)
+        disk_cache.write(_path(entry_key), entry)
     except Exception:  # a graph or spec that doesn't pickle, a read-only or full disk
         return False
-    disk_cache.prune(path.parent.parent)
+    disk_cache.prune(_path(entry_key).parent.parent)
     return True
 
 
@@ -104,13 +104,14 @@ def load(entry_key: str) -> dict[str, Any] | None:
     """The entry under `entry_key` (graph, binding, in_spec, out_spec, names, outlined, guards),
     or None if there is none (or it is damaged, or names a class that is gone). Its guards are
     not checked here: that is the caller's part."""
+    path = _path(entry_key)
     try:
         with warnings.catch_warnings():  # pytree's own deprecations, raised by unpickling its specs
             warnings.simplefilter("ignore", FutureWarning)
-            entry = pickle.loads(_path(entry_key).read_bytes())  # torchtosa's own cache
+            entry = pickle.loads(path.read_bytes())  # torchtosa's own cache
     except Exception:
         return None
-    disk_cache.used(_path(entry_key))
+    disk_cache.used(path)
     return entry if isinstance(entry, dict) and entry.keys() >= _FIELDS else None
 
 

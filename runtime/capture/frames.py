@@ -253,9 +253,9 @@ def _fact(guard: Any) -> Fact | None:
     if kind in ("TYPE_MATCH", *_IDENTITIES):
         name = _identity(type(value) if kind == "TYPE_MATCH" else value)
         return None if name is None else ("type" if kind == "TYPE_MATCH" else "is", name)
-    spec = getattr(getattr(GuardBuilder, kind, None), "guard_check_spec", None)
     if kind == "NN_MODULE":  # a module instance, by id: nothing to name it by
         return None
+    spec = getattr(getattr(GuardBuilder, kind, None), "guard_check_spec", None)
     if spec is SKIP_GUARD:  # global state (grad mode...): the loaded guards compare with the trace's
         return ("skip", None)
     if not isinstance(spec, GuardCheckSpec):

@@ -134,13 +134,13 @@ def capture(
         if outline and isinstance(fn, torch.nn.Module) and repeated_layers(fn):
             try:
                 with outlined(fn):
-                    captured, guards, constants = _traced(fn, args, kwargs, entry is not None)
+                    captured, guards, bound = _traced(fn, args, kwargs, entry is not None)
             except Exception:  # any refusal of the regions (Dynamo, AOTAutograd): trace without them
-                captured, guards, constants = _traced(fn, args, kwargs, entry is not None)
+                captured, guards, bound = _traced(fn, args, kwargs, entry is not None)
         else:
-            captured, guards, constants = _traced(fn, args, kwargs, entry is not None)
+            captured, guards, bound = _traced(fn, args, kwargs, entry is not None)
     if entry is not None:
-        stored = guards is not None and captures.store(entry, captured, guards, _state_paths(fn), constants)
+        stored = guards is not None and bound is not None and captures.store(entry, captured, guards, bound)
         captured.origin = ", ".join(filter(None, [
             why, "kept on disk" if stored else "not kept on disk (it assumed what another process can't check)"]))
     return captured
@@ -167,10 +167,10 @@ def _kept(entry_key: str, fn: Callable[..., Any] | torch.nn.Module, args: tuple[
                     origin="taken from the disk cache (no trace)"), ""
 
 
-def _traced(fn: Callable[..., Any] | torch.nn.Module, args: tuple[Any, ...],
-            kwargs: dict[str, Any], guards: bool) -> tuple[Captured, frames.Guards | None, set[int]]:
-    """`capture` of `fn` as it is; if `guards`, what the trace assumed (frames.trace); the ids of
-    the lifted tensors the trace made itself (constants)."""
+def _traced(fn: Callable[..., Any] | torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+            guards: bool) -> tuple[Captured, frames.Guards | None, list[tuple[str, Any]] | None]:
+    """`capture` of `fn` as it is; if `guards`, what the trace assumed (frames.trace) and where
+    each lifted tensor comes from (captures.binding), else None for both."""
     leaves, in_spec = pytree.tree_flatten((tuple(args), kwargs))
     inputs = [x for x in leaves if isinstance(x, torch.Tensor)]
     rec = _Recorder()
@@ -181,11 +181,12 @@ def _traced(fn: Callable[..., Any] | torch.nn.Module, args: tuple[Any, ...],
     paths = _state_paths(fn)
     # p_fc_weight; a module path is not always made of identifiers (regnet's `block1-0`)
     placeholders = {i: kind + re.sub(r"\W", "_", path) for i, (kind, path) in paths.items()}
-    constants = rec.constant_ids()
+    constants = rec.constant_ids() if kept is not None else set()  # before rebuild replaces them
     gm, params = rec.rebuild(_state_order(fn), inputs, out_leaves, placeholders, _input_names(fn, args, kwargs))
     nodes = gm.graph.find_nodes(op="placeholder")
     names = [paths[id(t)][1] if id(t) in paths else node.name for t, node in zip(params, nodes, strict=False)]
-    return Captured(gm, params, inputs, in_spec, out_spec, names, rec.outlined), kept, constants
+    bound = captures.binding(params, paths, constants) if kept is not None else None
+    return Captured(gm, params, inputs, in_spec, out_spec, names, rec.outlined), kept, bound
 
 
 def capture_exported(ep: torch.export.ExportedProgram) -> Captured:

@@ -98,16 +98,22 @@ def store(entry_key: str, library: Path, meta: dict) -> Path:
     root = folder()
     assert root is not None
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=root, prefix=".tmp-") as tmp:
-            shutil.copyfile(library, Path(tmp) / "lib.so")
-            (Path(tmp) / "meta.json").write_text(json.dumps(meta))
-            os.replace(Path(tmp) / "lib.so", root / f"{entry_key}.so")
-            os.replace(Path(tmp) / "meta.json", root / f"{entry_key}.json")  # last: the entry is whole now
+        write(root / f"{entry_key}.so", library.read_bytes())
+        write(root / f"{entry_key}.json", json.dumps(meta).encode())  # last: the entry is whole now
     except OSError:
         return library
     prune(root)
     return root / f"{entry_key}.so"
+
+
+def write(path: Path, data: bytes) -> None:
+    """Write `path` whole or not at all: a temporary file beside it (gone if writing fails),
+    renamed, so processes sharing the folder never read half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".tmp-") as tmp:
+        staged = Path(tmp) / path.name
+        staged.write_bytes(data)
+        os.replace(staged, path)
 
 
 def limit() -> int:
