@@ -116,7 +116,9 @@ def test_contiguous_suffix_counts_innermost_dims_contiguous_on_both_sides() -> N
         assert copies._contiguous_suffix(t("4x5x8"), t("4x5x8")) == 3
         assert copies._contiguous_suffix(t("4x1x8xf32, strided<[99, 7, 1]>"), t("4x1x8")) == 2
         assert copies._contiguous_suffix(t("4x5x8xf32, strided<[80, 16, 2]>"), t("4x5x8")) == 0
-        assert copies._contiguous_suffix(t("?x5x8"), t("?x5x8")) is None
+        assert copies._contiguous_suffix(t("?x5x8"), t("?x5x8")) == 2  # rows of a run-time count
+        assert copies._contiguous_suffix(t("4x?x8"), t("4x?x8")) == 1
+        assert copies._contiguous_suffix(t("?x5x8xf32, strided<[?, 16, 1]>"), t("?x5x8")) == 1
 
 
 @pytest.mark.parametrize(("cin", "cout", "stride", "size"), [

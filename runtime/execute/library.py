@@ -28,7 +28,7 @@ from ..errors import CompileError, Unsupported
 from ..importer.graph import Program, import_graph
 from ..lower import amx
 from ..lower.pipeline import check_opt, lower
-from . import cabi, toolchain
+from . import buffers, cabi, toolchain
 from .native import TensorSpec, _prepare, openmp_runtime
 
 OnStage = Callable[[str, float], None]
@@ -129,6 +129,9 @@ def build(program: Program, constants: Sequence[torch.Tensor], path: str | Path,
         header_file = path.with_suffix(".h").name
         (work / header_file).write_text(cabi.header(iface, cabi.identifier(header_file).upper()))
         sources = ["glue.c", *objects, *map(str, toolchain.builtins_object(undefined, work, cpu))]
+        if undefined & set(buffers.SYMBOLS):  # buffers allocated in loops: kept for the next call
+            (work / "buffers.c").write_text(buffers.SOURCE)
+            sources.append("buffers.c")
         if amx.INSTRUCTION in text:  # the library asks Linux for AMX's state when it is loaded
             (work / "amx.c").write_text(amx.PERMISSION_C)
             sources.append("amx.c")

@@ -33,7 +33,7 @@ from ..errors import CompileError, InputMismatch, MissingRuntime, Unsupported
 from ..internal import blame
 from ..lower import amx
 from ..lower.pipeline import WRITES_ATTR, Scratch, lower
-from . import disk_cache, toolchain
+from . import buffers, disk_cache, toolchain
 
 # Element type of each supported dtype at the boundary, as the TOSA builder
 # (tosa.py) types it; bool is a byte holding 0 or 1.
@@ -412,6 +412,7 @@ def _load(module: ir.Module, name: str, cpu: Cpu, entry: str | None,
 
 def _open(path: Path, name: str) -> tuple[ctypes.CDLL, int]:
     """A library of `shared_object`, loaded, and the address of `@name`'s packed wrapper."""
+    buffers.library()  # what its buffers of run-time sizes come from
     library = ctypes.CDLL(str(path))
     return library, ctypes.cast(getattr(library, PACKED_PREFIX + name), ctypes.c_void_p).value
 
@@ -473,6 +474,8 @@ def _jit(module: ir.Module) -> ExecutionEngine:
     try:
         engine = ExecutionEngine(module, opt_level=toolchain.OPT_LEVEL, shared_libs=[_runner_utils()],
                                  enable_object_dump=False)
+        for symbol, address in buffers.addresses().items():
+            engine.raw_register_runtime(symbol, ctypes.c_void_p(address))
         engine.initialize()
     except RuntimeError as e:
         raise CompileError("\n".join([f"JIT failed: {e}", *diagnostics])) from e

@@ -115,13 +115,15 @@ PIPELINES: dict[str, str] = {
     "openmp": "builtin.module(func.func(scf-forall-to-parallel),convert-scf-to-openmp)",
     # Loops, vectors and memrefs -> LLVM dialect. Vector transfers are fully unrolled (a partial
     # unroll leaves stack allocations inside loops). Math ops without an LLVM intrinsic (erf, ...)
-    # become libm calls (vector ones one element at a time), before the vector lowering.
+    # become libm calls (vector ones one element at a time), before the vector lowering. A buffer
+    # left outside the arena (a run-time size) comes from torchtosa's `_mlir_memref_to_llvm_alloc`
+    # (execute/buffers.py: freed buffers kept for the next call), not from malloc.
     "llvm": "builtin.module("
     "convert-vector-to-scf{full-unroll=true},convert-linalg-to-loops,expand-strided-metadata,lower-affine,"
     "convert-scf-to-cf,convert-math-to-llvm,convert-math-to-libm,"
     "convert-vector-to-llvm{enable-x86vector=true enable-amx=true},"
     "convert-ub-to-llvm,"
-    "finalize-memref-to-llvm,convert-arith-to-llvm,convert-func-to-llvm,"
+    "finalize-memref-to-llvm{use-generic-functions=true},convert-arith-to-llvm,convert-func-to-llvm,"
     "convert-cf-to-llvm,convert-openmp-to-llvm,reconcile-unrealized-casts)",
 }
 
