@@ -7,6 +7,7 @@ regression to plain loops fails here, not only in `make bench`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -178,3 +179,27 @@ def test_linear_of_dynamic_rows_transposes_its_weight_panel_by_panel(monkeypatch
     assert buffers
     for found in buffers:
         assert not [t for t in found if "40x96" in t or "96x24" in t], found  # a whole transposed weight
+
+
+ROW_CASES = {
+    **{name: CASES[name] for name in ("layernorm-rows", "softmax-rows-cols")},
+    # batch and sequence: the decomposition's views to the input's own sizes are no reshapes
+    "layernorm-batch-seq": (lambda: nn.LayerNorm(128).eval(), lambda n: (torch.randn(n % 3 + 2, n, 128),),
+                            [(0, 0), (0, 1)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROW_CASES))
+def test_row_chains_of_a_run_time_row_count_are_fused_per_row(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A layer norm's or softmax's passes over rows whose count is known at run time run row by
+    row (`rows.fuse_rows`, one row per iteration), as static ones do: no intermediate of the
+    whole tensor is allocated (a dynamic LayerNorm(256) over 4 x 100 rows made five passes over
+    four whole buffers)."""
+    buffers = _spy(monkeypatch, _allocated, until="llvm")
+    build, make, dims = ROW_CASES[name]
+    _run(build(), make, dims, [7, 33], "default")
+    dynamic = [found for found in buffers if any("?" in t for t in found)]
+    assert dynamic
+    for found in dynamic:  # the output's whole buffer, and a row's ([1, 128], [1, 1, ?])
+        rows = [t for t in found if re.match(r"memref<(1x)+", t)]
+        assert rows and len(found) - len(rows) == 1, found

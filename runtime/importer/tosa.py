@@ -335,6 +335,8 @@ class Builder:
         linalg dialects (upstream's tosa-to-tensor makes the same ops of static ones)."""
         if name == "tosa.reshape":
             source, new = operands[0], operands[1].dims
+            if tuple(new) == tuple(source.shape):  # to its own sizes (a view in a decomposition)
+                return source
             dynamic = [i for i, d in enumerate(new) if static(d) is None]
             if len(dynamic) == 1:  # TOSA's reshape infers one size (-1)
                 dims = [-1 if i == dynamic[0] else d for i, d in enumerate(new)]

@@ -10,7 +10,8 @@ few short ones of up to ROW_ELEMENTS elements in all) and fuses into that loop t
 that produce its inputs, transitively: generics over the same rows (elementwise, or reducing the
 last loop only) and their fills. Other producers (a matmul
 computing the rows) stay whole. The schedule then tiles and vectorizes the ops of a tile of rows
-as it does any op (`schedule.plans`).
+as it does any op (`schedule.plans`). The row count may be known at run time only (a dynamic
+batch or sequence: one row per iteration); the row's length is static.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ MIN_ROW = 16  # shorter rows are left alone: a loop per row costs more than the 
 ROW_ELEMENTS = 256  # shorter rows go a few at a time, this many elements
 
 
-def fuse_rows(module: ir.Module, split_from: int | None = None) -> None:
+def fuse_rows(module: ir.Module, split_from: int | None = None, dynamic_size: int = 64) -> None:
     """Fuse each row-wise chain of `module` per row (see the module docstring). With
-    `split_from`, the loop over the rows of a chain of at least that many elements is an
-    scf.forall (which the "openmp" stage shares among threads)."""
+    `split_from`, the loop over the rows of a chain of at least that many elements (a size known
+    at run time only counted as `dynamic_size`) is an scf.forall (which the "openmp" stage
+    shares among threads)."""
     chains = []
     with module.context, ir.Location.unknown():
         for op in find_ops(module, _chain_end):
@@ -52,7 +54,7 @@ def fuse_rows(module: ir.Module, split_from: int | None = None) -> None:
             shape = _shape(op.results[0])
             tiles = ", ".join(["1"] * (len(shape) - 2) + [str(_rows_per_tile(shape)), "0"])
             lines.append(f"  %end{i} = {_match(str(i))}")
-            if split_from is not None and math.prod(shape) >= split_from:
+            if split_from is not None and math.prod(d or dynamic_size for d in shape) >= split_from:
                 lines.append(f"  %tiled{i}, %loop{i} = transform.structured.tile_using_forall %end{i}"
                              f" tile_sizes [{tiles}] : (!transform.any_op) -> (!transform.any_op, !transform.any_op)")
                 loop = f"%loop{i}"
@@ -84,7 +86,9 @@ def fuse_rows(module: ir.Module, split_from: int | None = None) -> None:
 
 def _rows_per_tile(shape: list[int]) -> int:
     """Rows of a chain per iteration: short rows a few at a time, up to ROW_ELEMENTS elements
-    (the largest divisor of the row count that fits)."""
+    (the largest divisor of the row count that fits; one row of a run-time count)."""
+    if shape[-2] is None:
+        return 1
     fits = max(1, ROW_ELEMENTS // shape[-1])
     return max(d for d in range(1, min(fits, shape[-2]) + 1) if shape[-2] % d == 0)
 
@@ -95,10 +99,12 @@ def _own_init(op: ir.Operation) -> None:
     loop made bufferization copy a row of the end's output into each fused op's buffer first."""
     init = op.operands[len(op.operands) - 1]
     empty = _producer(init)
-    if empty is not None and empty.name == "tensor.empty" and not list(empty.operands):
+    if empty is not None and empty.name == "tensor.empty":
         element = ir.RankedTensorType(init.type).element_type
+        dynamic = iter(empty.operands)  # the sizes of its dynamic dimensions, in order
+        sizes = [next(dynamic) if size is None else size for size in _shape(init)]
         with ir.InsertionPoint(op), op.location:
-            op.operands[len(op.operands) - 1] = tensor.EmptyOp(_shape(init), element).result
+            op.operands[len(op.operands) - 1] = tensor.EmptyOp(sizes, element).result
 
 
 def _match(mark: str) -> str:
@@ -106,30 +112,30 @@ def _match(mark: str) -> str:
             " : (!transform.any_op) -> !transform.any_op")
 
 
-def _static(value: ir.Value) -> bool:
-    return isinstance(value.type, ir.RankedTensorType) and None not in _shape(value)
+def _ranked(value: ir.Value) -> bool:
+    return isinstance(value.type, ir.RankedTensorType)
 
 
 def _chain_end(op: ir.Operation) -> bool:
-    """An elementwise generic over static rows of at least MIN_ROW, of rank 2 or more."""
-    if op.name != "linalg.generic" or len(op.results) != 1 or not _static(op.results[0]):
+    """An elementwise generic over rows of a static length of at least MIN_ROW, of rank 2 or more."""
+    if op.name != "linalg.generic" or len(op.results) != 1 or not _ranked(op.results[0]):
         return False
     kinds = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
     shape = _shape(op.results[0])
-    return (len(shape) >= 2 and "reduction" not in str(kinds) and shape[-1] >= MIN_ROW
+    return (len(shape) >= 2 and "reduction" not in str(kinds) and (shape[-1] is None or shape[-1] >= MIN_ROW)
             and map_dims(op)[-1] == list(range(len(shape))))
 
 
 def _row_local(op: ir.Operation, rows: int) -> bool:
     """A generic whose loops are the `rows` row loops (in order, read so by its output) then at
-    most one more (the row's elements), every operand static and read along the row loops in
+    most one more (the row's elements), every operand ranked and read along the row loops in
     order (a row's statistic drops the last loop), or a fill of such a result."""
     if op.name == "linalg.fill":
-        return len(op.results) == 1 and _static(op.results[0]) and len(_shape(op.results[0])) in (rows, rows + 1)
+        return len(op.results) == 1 and _ranked(op.results[0]) and len(_shape(op.results[0])) in (rows, rows + 1)
     if op.name != "linalg.generic" or len(op.results) != 1:
         return False
     n_loops = len(ir.ArrayAttr(op.attributes["iterator_types"]))
-    if n_loops not in (rows, rows + 1) or not all(_static(v) for v in op.operands):
+    if n_loops not in (rows, rows + 1) or not all(_ranked(v) for v in op.operands):
         return False
     head = list(range(rows))
     kinds = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
