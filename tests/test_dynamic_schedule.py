@@ -183,6 +183,8 @@ def test_linear_of_dynamic_rows_transposes_its_weight_panel_by_panel(monkeypatch
 
 ROW_CASES = {
     **{name: CASES[name] for name in ("layernorm-rows", "softmax-rows-cols")},
+    # static rows of a run-time length (a decoding step's attention over its keys)
+    "softmax-cols": (lambda: lambda x: torch.softmax(x, -1), lambda n: (torch.randn(4, 3, n),), [(0, 2)]),
     # batch and sequence: the decomposition's views to the input's own sizes are no reshapes
     "layernorm-batch-seq": (lambda: nn.LayerNorm(128).eval(), lambda n: (torch.randn(n % 3 + 2, n, 128),),
                             [(0, 0), (0, 1)]),

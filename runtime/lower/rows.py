@@ -86,8 +86,8 @@ def fuse_rows(module: ir.Module, split_from: int | None = None, dynamic_size: in
 
 def _rows_per_tile(shape: list[int]) -> int:
     """Rows of a chain per iteration: short rows a few at a time, up to ROW_ELEMENTS elements
-    (the largest divisor of the row count that fits; one row of a run-time count)."""
-    if shape[-2] is None:
+    (the largest divisor of the row count that fits; one row of a run-time count or length)."""
+    if shape[-2] is None or shape[-1] is None:
         return 1
     fits = max(1, ROW_ELEMENTS // shape[-1])
     return max(d for d in range(1, min(fits, shape[-2]) + 1) if shape[-2] % d == 0)

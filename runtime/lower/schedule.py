@@ -1805,7 +1805,8 @@ def _script(groups: dict[Key, list[ir.Operation]], tiles: Tiles) -> list[str]:
                 lines.append(f"  %chunk{i}, %forall{i} = transform.structured.tile_using_forall {target}"
                              f" tile_sizes [{chunks}] : ({any_op}) -> ({any_op}, {any_op})")
                 target = f"%chunk{i}"
-            lines += _Remainders(key, f"g{i}_").dim(target, 0)
+            vector_rest = tiles.lanes if any(_vector_math(op) for op in groups[key]) else None
+            lines += _Remainders(key, f"g{i}_", vector_rest).dim(target, 0)
             continue
         if kind == _WINDOW:  # split across threads, each chunk plain loops
             loop, chunk = split
@@ -1900,8 +1901,9 @@ class _Remainders:
     that loop runs exactly once and is marked for `inline_single_iterations`.
     """
 
-    def __init__(self, key: Key, prefix: str) -> None:
+    def __init__(self, key: Key, prefix: str, lanes: int | None = None) -> None:
         _, self.sizes, self.order, partial, self.rows, _ = key
+        self.lanes = lanes  # the innermost loop's remainder goes by vectors of these lanes first
         self.partial = sorted(partial, key=self.order.index)
         self.match = _key(key)
         self.prefix = prefix
@@ -1949,9 +1951,17 @@ class _Remainders:
         # 2, 1; by halves, a remainder of 4 rows was a tile of 3 and one of 1, and a Winograd
         # convolution ran 3% slower); other loops' remainders one at a time: each level is another
         # copy of the tile's code, nested in the last (by quarters, a dynamic BERT's compile took
-        # 33 s instead of 19, and ran no faster)
+        # 33 s instead of 19, and ran no faster), but the innermost loop of ops calling vector math
+        # by one vector register first (`lanes`: a softmax over a run-time count of keys called the
+        # scalar expf for 36 of 100 keys; a level for every op cost a tiny Llama's first generate
+        # 5% more compile time)
         while levels[-1] > 1:
-            levels.append(1 << (levels[-1] - 1).bit_length() - 1 if d in self.rows else 1)
+            if d in self.rows:
+                levels.append(1 << (levels[-1] - 1).bit_length() - 1)
+            elif self.lanes and d == len(self.sizes) - 1 and levels[-1] > self.lanes:
+                levels.append(self.lanes)
+            else:
+                levels.append(1)
         return levels
 
     def dim(self, op: str, k: int) -> list[str]:
@@ -1979,6 +1989,12 @@ class _Remainders:
             return lines + self.dim(tiled, k + 1)
         main, rest, peel = self._peel(loops[0])
         return lines + peel + self._inside(main, k + 1) + self._inside(rest, k, level + 1)
+
+
+def _vector_math(op: ir.Operation) -> bool:
+    """Whether `op`'s body calls a function of the vector math library (exp, tanh, erf, ...)."""
+    return any(inner.name in vecmath.FUNCTIONS for region in op.regions for block in region.blocks
+               for inner in block.operations)
 
 
 def _once(loop: str) -> str:
