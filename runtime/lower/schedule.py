@@ -193,7 +193,7 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
     tiles = derive(cpu)
     chunks = threads() if parallel else 1
     widen_arithmetic(module)
-    fuse_rows(module, SPLIT_MIN_ELEMENTS if chunks > 1 else None, DYNAMIC_SIZE_GUESS)
+    fuse_rows(module, SPLIT_MIN_ELEMENTS if chunks > 1 else None)
     fold_transposes(module)
     split_prologues(module)
     collapse_outputs(module)
