@@ -44,16 +44,13 @@ _PROBE = textwrap.dedent("""
 
 
 def test_a_freed_buffer_is_handed_out_again_within_bounds(tmp_path: Path) -> None:
+    env = {**os.environ, disk_cache.ENV_SWITCH: "1", disk_cache.ENV_DIR: str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, check=True,
-                         env={**_env(), disk_cache.ENV_DIR: str(tmp_path)}).stdout.split()
+                         env=env).stdout.split()
     assert out[:2] == ["True", "True"]
     assert int(out[2]) == buffers.SLOTS
     assert int(out[3]) == buffers.KEPT_BYTES // (100 << 20)
     assert list((tmp_path / "runtime").glob("buffers-*.so"))  # built once, kept with the compiled code
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, disk_cache.ENV_SWITCH: "1"}
 
 
 class _Attention(torch.nn.Module):

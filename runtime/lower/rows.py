@@ -10,8 +10,9 @@ few short ones of up to ROW_ELEMENTS elements in all) and fuses into that loop t
 that produce its inputs, transitively: generics over the same rows (elementwise, or reducing the
 last loop only) and their fills. Other producers (a matmul
 computing the rows) stay whole. The schedule then tiles and vectorizes the ops of a tile of rows
-as it does any op (`schedule.plans`). The row count may be known at run time only (a dynamic
-batch or sequence: one row per iteration); the row's length is static.
+as it does any op (`schedule.plans`). The row count or the row's length may be known at run
+time only (a dynamic batch or sequence, attention over a run-time count of keys): then a chain
+takes one row per iteration, on the calling thread.
 """
 
 from __future__ import annotations
@@ -118,7 +119,8 @@ def _ranked(value: ir.Value) -> bool:
 
 
 def _chain_end(op: ir.Operation) -> bool:
-    """An elementwise generic over rows of a static length of at least MIN_ROW, of rank 2 or more."""
+    """An elementwise generic over rows of at least MIN_ROW elements (or a run-time count of
+    them), of rank 2 or more."""
     if op.name != "linalg.generic" or len(op.results) != 1 or not _ranked(op.results[0]):
         return False
     kinds = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
