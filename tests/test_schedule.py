@@ -412,8 +412,9 @@ def test_head_projections_of_several_rows_read_the_weight_by_panels_or_as_stored
     shapes = _allocated(_linalg(model, x, stop_before="llvm"))
     assert not [s for s in shapes if re.search(r"<(256x256|256x4x64|4x64x256)x", s)]  # the whole weight
     panel = f"memref<256x{derive(select()).matmul[1]}xf32>"
-    tiles = dtype == torch.bfloat16 and select().bf16_matmul == "amx"  # AMX reads the weight as stored
-    assert (panel in shapes) == (tokens > DOT_MAX_ROWS and not tiles)  # one panel, or none
+    # AMX and vdpbf16ps read a bf16 weight as stored
+    pairs = dtype == torch.bfloat16 and (select().bf16_matmul == "amx" or select().bf16_dot == "avx512_bf16")
+    assert (panel in shapes) == (tokens > DOT_MAX_ROWS and not pairs)  # one panel, or none
     with torch.no_grad():
         got = torchtosa.compile(model, x)(x)
         if dtype == torch.float32:
@@ -696,14 +697,13 @@ def test_large_vector_matrix_products_read_their_rows_as_streams(dtype: torch.dt
     tiles = derive(select())
     streams, k = tiles.dot[0], 256
     big = -(-2 * tiles.streamed_matrix_bytes // (k * dtype.itemsize) // 64) * 64  # twice the threshold
-    pairs = (dtype == torch.bfloat16 and select().bf16_dot == "avx512_bf16"
-             and (opt == "default" or schedule.threads() == 1))  # `schedule._bf16_dot_product`
+    pairs = dtype == torch.bfloat16 and select().bf16_dot == "avx512_bf16"  # `schedule._bf16_dot_product`
     for n, interleaved in ((big, True), (64, False)):
         linear = nn.Linear(k, n, bias=False).to(dtype).eval()
         x = torch.randn(1, k, dtype=dtype)
         text = str(_linalg(linear, x, opt=opt, stop_before="bufferize"))
         if pairs:
-            assert ("_streams(" in text) == interleaved
+            assert ("_streams_" in text) == interleaved
         else:
             assert (f"tensor<{streams}x{n // streams}x{k}x" in text) == interleaved
         with torch.no_grad():
@@ -712,13 +712,34 @@ def test_large_vector_matrix_products_read_their_rows_as_streams(dtype: torch.dt
                                        **({"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {}))
 
 
+@pytest.mark.skipif(select().bf16_dot != "avx512_bf16", reason="vdpbf16ps: the target CPU's entry has no AVX512-BF16")
+def test_large_bf16_products_give_each_thread_a_chunk_of_columns() -> None:
+    """With opt="parallel", a bf16 product of SPLIT_MIN_MACS multiply-adds or more in the
+    `bf16_dot` kernel gives each OpenMP thread an equal chunk of its columns (a tile of rows, then
+    single rows, each chunk's weight rows from its own offset), a smaller one stays on the calling
+    thread; results are f32 sums of exact products rounded to bf16 once. (Entries without
+    AVX512-BF16 have no such kernel: `test_bf16_products_by_a_weight_stored_along_k...` checks
+    they compile to f32 FMAs.)"""
+    torch.manual_seed(0)
+    for rows, n in ((37, 512), (1, 96)):
+        linear = nn.Linear(256, n, bias=False).to(torch.bfloat16).eval()
+        x = torch.randn(rows, 256, dtype=torch.bfloat16)
+        chunked = schedule.threads() > 1 and rows * n * 256 >= schedule.SPLIT_MIN_MACS
+        assert ("tensor.parallel_insert_slice" in _ops(_linalg(linear, x, opt="parallel"))) == chunked
+        expected = x.float() @ linear.weight.float().t()
+        with torch.no_grad():
+            got = torchtosa.compile(linear, x, opt="parallel")(x).float()
+        torch.testing.assert_close(got, expected, rtol=2**-8, atol=2**-8 * expected.abs().max().item())
+
+
 @pytest.mark.parametrize("opt", ["default", "parallel"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_products_of_a_few_rows_read_the_weight_as_dot_products(dtype: torch.dtype, opt: str) -> None:
     """A prefill of a few tokens (up to DOT_MAX_ROWS rows) reads nn.Linear's weight as stored, as
     dot products of register tiles of rows x columns, with no panel packed (8 bf16 rows by a
     1024 x 2816 weight, one thread: 724 -> 576 us, f32 855 -> 619 us; eager 480 and 1300); more
-    rows are packed. A weight larger than the L2 cache is read in column tiles of adjacent rows
+    rows are packed (in f32; bf16 pairs multiplied by `vdpbf16ps` stay dot products, which run at
+    twice the f32 FMAs' rate). A weight larger than the L2 cache is read in column tiles of adjacent rows
     (`_interleave_streams` is for one row: with several, MLIR's vectorizer broadcast the weight
     along the wrong dimension of the interleaved tile). All agree with eager."""
     tiles = derive(select())
@@ -729,8 +750,9 @@ def test_products_of_a_few_rows_read_the_weight_as_dot_products(dtype: torch.dty
         module = _linalg(linear, x, opt=opt, stop_before="llvm")
         # AMX's one thread with opt="parallel" too (two threads' FMAs are slower)
         on_amx = dtype == torch.bfloat16 and select().bf16_matmul == "amx" and rows >= amx.MIN_ROWS
-        dot = rows <= DOT_MAX_ROWS and not on_amx
-        packed = rows > DOT_MAX_ROWS and not on_amx
+        pairs = dtype == torch.bfloat16 and select().bf16_dot == "avx512_bf16"  # `bf16_dot`: any number of rows
+        dot = (rows <= DOT_MAX_ROWS or pairs) and not on_amx
+        packed = not dot and not on_amx
         assert ("vector.reduction" in _ops(module)) == dot
         assert any(re.fullmatch(rf"memref<256x{tiles.matmul[1]}xf32>", s) for s in _allocated(module)) == packed
         with torch.no_grad():
@@ -969,15 +991,16 @@ def test_half_precision_transposes_are_vectorized(dtype: torch.dtype, tmp_path: 
             assert _llc(c, lowered, tmp_path, "obj").stat().st_size > 0
 
 
-def test_bf16_products_of_a_few_rows_multiply_pairs_where_the_cpu_can(tmp_path: Path) -> None:
-    """A bf16 product of a few rows by a weight stored along k multiplies bf16 pairs as stored
+def test_bf16_products_by_a_weight_stored_along_k_multiply_pairs_where_the_cpu_can(tmp_path: Path) -> None:
+    """A bf16 product of rows by a weight stored along k multiplies bf16 pairs as stored
     (`vdpbf16ps`, `lower/bf16_dot.py`) for every entry with AVX512-BF16 (from amx.MIN_ROWS rows,
     an entry with AMX uses its tiles instead), and extends them to f32 for the others; results are
     f32 sums of exact products rounded to bf16 once, on every entry this machine runs (the others
-    through LLVM). One row, and 6 (a tile of 4, then single rows)."""
+    through LLVM). One row, 6 (a tile of 4, then single rows), and 1029 (more than two blocks of
+    rows that stay in the L2, `Tiles.row_block_bytes`, then a tile and single rows)."""
     torch.manual_seed(0)
     linear = nn.Linear(256, 96, bias=False).to(torch.bfloat16).eval()
-    for rows in (1, 6):
+    for rows in (1, 6, 1029):
         x = torch.randn(1, rows, 256, dtype=torch.bfloat16)
         expected = x.float() @ linear.weight.float().t()
         for name, c in sorted(table().items()):

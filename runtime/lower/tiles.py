@@ -56,7 +56,10 @@ are the outer loop, so a tile's columns of the weight come from memory once and 
 the row tiles pass. Packing the weight instead (as for more rows) wrote and read it again at
 every call: a 1024 x 2816 weight by 2 / 8 rows, one thread, Sapphire Rapids: bf16 558 -> 294 us /
 724 -> 576 us, f32 686 -> 488 us / 855 -> 619 us (eager 480 us bf16 with AMX; f32 480 / 1300 us).
-At 16 bf16 rows the packed form was as fast (its f32 FMAs bound both): DOT_MAX_ROWS is 8.
+At 16 bf16 rows the packed form was as fast (its f32 FMAs bound both): DOT_MAX_ROWS is 8. bf16 pairs
+multiplied by `vdpbf16ps` (AVX512-BF16) stay dot products for any number of rows: at twice the
+FMAs' rate they beat packed f32 panels (`lower/bf16_dot.py`), rows walked in blocks of
+`row_block_bytes`.
 """
 
 from __future__ import annotations
