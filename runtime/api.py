@@ -731,7 +731,7 @@ def _static_graph(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> torch.fx.G
     return static
 
 
-torchtosa_backend = make_backend(_compile_captured)
+torchtosa_backend = make_backend(_compile_captured, cache=True)
 torchtosa_backend.__doc__ = """The torch.compile backend: `torch.compile(model, backend="torchtosa")`.
 
 Options: `torch.compile(model, backend="torchtosa", options={"opt": "parallel", "fallback": "error"})`

@@ -47,7 +47,8 @@ Then (unless --no-training) a training table: a step (forward, backward, eager S
 MLP, the conv block with batch norm and two encoder layers in train mode, through torch.compile with
 torchtosa's backend and with Inductor, against eager; one thread. And (unless --no-cache) compile
 time of the small workloads, ResNet-50 and MobileNetV2 in a first process and a second one sharing
-the on-disk caches, torchtosa's and Inductor's.
+the on-disk caches, torchtosa's and Inductor's (through torchtosa.compile, and for the encoder
+layer, BERT and the tiny models' first generate through torch.compile).
 
 Then (unless --no-dynamic) a dynamic-shape table: for the MLP, the encoder layer and BERT, one
 torch.compile(dynamic=True) with the torchtosa backend (opt "default", one thread, and
@@ -660,7 +661,10 @@ def write_doc(doc: Path, env: dict[str, str], table: str, notes: list[str], scal
                  "the guards of the kept capture instead of tracing with Dynamo and AOTAutograd "
                  "(runtime/capture/captures.py), imports its graph to TOSA (the key of the compiled code) and "
                  "loads the library; Inductor's runs Dynamo and loads AOTAutograd's and its own cached "
-                 "results.", "", cached, ""]
+                 "results. The \"(torch.compile)\" rows compile with `torch.compile(model, backend=\"torchtosa\")`: "
+                 "its second process runs Dynamo too and takes AOTAutograd's results from PyTorch's "
+                 "AOTAutogradCache (runtime/capture/aot_cache.py); the \"generate\" rows are a tiny model's first "
+                 "greedy generate with `dynamic=True` (the dynamic KV cache).", "", cached, ""]
     if dynamic:
         text += ["## Dynamic shapes", "",
                  "One `torch.compile(model, backend=\"torchtosa\", dynamic=True)` per workload serves every size "
@@ -783,23 +787,30 @@ def _dynamic_workload(name: str, sizes: tuple[int, ...], args: argparse.Namespac
 GENERATE_TOKENS = 32
 
 
-def generate_section(notes: list[str]) -> str:
-    """Greedy generation of GENERATE_TOKENS tokens with the default (dynamic) KV cache on tiny
-    Llama and GPT-2 models: eager against the forward compiled once with dynamic=True (one
-    thread; best of 5 generations after the compiling one)."""
+GENERATE_OPTIONS = {"max_new_tokens": GENERATE_TOKENS, "min_new_tokens": GENERATE_TOKENS, "do_sample": False,
+                    "pad_token_id": 0}
+
+
+def tiny_generators() -> dict[str, Callable[[], nn.Module]]:
+    """Builders of the tiny Llama and GPT-2 (random weights) that `generate_section` times."""
     import transformers
 
-    configs = {
+    return {
         "LlamaForCausalLM": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
             vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=64)),
         "GPT2LMHeadModel": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
             vocab_size=128, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0)),
     }
-    options = {"max_new_tokens": GENERATE_TOKENS, "min_new_tokens": GENERATE_TOKENS, "do_sample": False,
-               "pad_token_id": 0}
+
+
+def generate_section(notes: list[str]) -> str:
+    """Greedy generation of GENERATE_TOKENS tokens with the default (dynamic) KV cache on tiny
+    Llama and GPT-2 models: eager against the forward compiled once with dynamic=True (one
+    thread; best of 5 generations after the compiling one)."""
+    options = GENERATE_OPTIONS
     rows = []
-    for name, make in configs.items():
+    for name, make in tiny_generators().items():
         torch.manual_seed(0)
         torch._dynamo.reset()
         model = make().eval()
@@ -979,20 +990,34 @@ TRAINING_HEADER = ["workload", "backend", "time/step (median)", "IQR", "vs eager
 # ---------------------------------------------------------------- compile time, first and second process
 
 CACHED = ("mlp", "encoder layer", "conv block", "BERT", "ResNet-50 [1x", "MobileNetV2 [1x")
+# through torch.compile with torchtosa's backend (AOTAutograd's results kept: capture/aot_cache.py);
+# "<model> generate": the first greedy generate of a tiny model (dynamic=True, dynamic KV cache)
+DYNAMO_CACHED = ("encoder layer", "BERT", "LlamaForCausalLM generate", "GPT2LMHeadModel generate")
+GENERATE_SUFFIX = " generate"
 
 
 def compile_child(name: str, backend: str) -> None:
-    """In a child process: compile workload `name` with `backend` and make the first call; print the
-    seconds it took as `compile_s <seconds>`."""
-    workload = next(w for w in WORKLOADS if w.name == name)
+    """In a child process: compile workload `name` with `backend` ("torchtosa": torchtosa.compile;
+    "torchtosa-dynamo": torch.compile with torchtosa's backend; "inductor") and make the first call
+    (a tiny model's generate: its first generate); print the seconds it took as `compile_s <seconds>`."""
     torch.manual_seed(0)
-    model, inputs = workload.build()
-    model.eval()
-    with torch.no_grad():
-        start = time.perf_counter()
-        compiled = torch.compile(model) if backend == "inductor" else torchtosa.compile(model, *inputs)
-        compiled(*inputs)
-        print(f"compile_s {time.perf_counter() - start:.3f}", flush=True)
+    start = time.perf_counter()
+    dynamo_backend = "torchtosa" if backend == "torchtosa-dynamo" else backend
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if name.endswith(GENERATE_SUFFIX):
+            model = tiny_generators()[name.removesuffix(GENERATE_SUFFIX)]().eval()
+            model.forward = torch.compile(model.forward, backend=dynamo_backend, dynamic=True)
+            start = time.perf_counter()
+            model.generate(torch.randint(1, 128, (1, 5)), **GENERATE_OPTIONS)
+        else:
+            model, inputs = next(w for w in WORKLOADS if w.name == name).build()
+            model.eval()
+            start = time.perf_counter()
+            compiled = (torchtosa.compile(model, *inputs) if backend == "torchtosa"
+                        else torch.compile(model, backend=dynamo_backend))
+            compiled(*inputs)
+    print(f"compile_s {time.perf_counter() - start:.3f}", flush=True)
 
 
 def _child_compile_s(name: str, backend: str, cache: Path) -> float | None:
@@ -1008,22 +1033,25 @@ def cache_section(args: argparse.Namespace, notes: list[str]) -> str | None:
     """Compile time (+ first call) of a workload in a first process and in a second one sharing
     its on-disk caches (torchtosa's and Inductor's, both fresh for the first), each process
     one thread."""
+    names = [(w.name, "torchtosa") for w in WORKLOADS if any(w.name.startswith(prefix) for prefix in CACHED)]
+    names += [(w.name, "torchtosa-dynamo") for w in WORKLOADS if any(w.name.startswith(p) for p in DYNAMO_CACHED)]
+    names += [(name, "torchtosa-dynamo") for name in DYNAMO_CACHED if name.endswith(GENERATE_SUFFIX)]
     rows: list[list[str]] = []
-    for workload in WORKLOADS:
-        if not any(workload.name.startswith(prefix) for prefix in CACHED) or (
-                args.only and args.only.lower() not in workload.name.lower()):
+    for name, ours in names:
+        if args.only and args.only.lower() not in name.lower():
             continue
         times: dict[str, tuple[float | None, float | None]] = {}
-        for backend in ("torchtosa", "inductor"):
+        for backend in (ours, "inductor"):
             with tempfile.TemporaryDirectory(prefix="torchtosa-bench-cache-") as tmp:
-                first = _child_compile_s(workload.name, backend, Path(tmp))
-                times[backend] = (first, _child_compile_s(workload.name, backend, Path(tmp)))
-        (tt1, tt2), (in1, in2) = times["torchtosa"], times["inductor"]
-        rows.append([workload.name, _fmt(tt1, ".2f", " s"), _fmt(tt2, ".2f", " s"), _ratio(tt2, tt1),
+                first = _child_compile_s(name, backend, Path(tmp))
+                times[backend] = (first, _child_compile_s(name, backend, Path(tmp)))
+        (tt1, tt2), (in1, in2) = times[ours], times["inductor"]
+        label = f"{name} (torch.compile)" if ours == "torchtosa-dynamo" else name
+        rows.append([label, _fmt(tt1, ".2f", " s"), _fmt(tt2, ".2f", " s"), _ratio(tt2, tt1),
                      _fmt(in1, ".2f", " s"), _fmt(in2, ".2f", " s"), _ratio(in2, in1), _ratio(tt1, in1)])
         print("  " + "  ".join(rows[-1]), flush=True)
         if None in (tt1, tt2, in1, in2):
-            notes.append(f"compile cache {workload.name}: a child process failed")
+            notes.append(f"compile cache {label}: a child process failed")
     return markdown(rows, ["workload", "torchtosa 1st process", "2nd process", "2nd vs 1st", "inductor 1st process",
                            "2nd process", "2nd vs 1st", "torchtosa vs inductor (1st)"]) if rows else None
 

@@ -33,7 +33,7 @@ from torch.fx.experimental.symbolic_shapes import has_free_symbols
 
 from ..errors import InvalidInput, TorchTosaError, Unsupported
 from ..options import Options
-from . import captures, frames, layouts, resizes
+from . import aot_cache, captures, frames, layouts, resizes
 from .decompositions import DECOMPOSITIONS
 from .outline import inline_subgraphs, outlined, repeated_layers
 
@@ -221,7 +221,8 @@ def capture_exported(ep: torch.export.ExportedProgram) -> Captured:
     return Captured(gm, params, inputs, ep.call_spec.in_spec, out_spec, names)
 
 
-def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]]) -> Callable[..., Any]:
+def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]],
+                 cache: bool = False) -> Callable[..., Any]:
     """A `torch.compile` backend that hands each graph AOTAutograd makes to `compile_graph`.
 
     Under no_grad that is one inference graph per Dynamo graph; with autograd, the forward and
@@ -234,47 +235,10 @@ def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]
     backward graph's: on the first backward), so `example_inputs` are that call's real
     arguments (ints where sizes are symbolic). Its result takes the arguments positionally and
     returns the graph's flat tensor outputs; outputs that are not tensors (a backward graph's
-    None for an input that needs no gradient) are put back around them.
+    None for an input that needs no gradient) are put back around them. With `cache` (and
+    the disk cache on), AOTAutograd's results are kept across processes (aot_cache.py):
+    `compile_graph` must then be picklable (a module-level function).
     """
-
-    def graph_compiler(gm: fx.GraphModule, _fake_args: Sequence[Any], options: Options, name: str,
-                       inputs: list[str]) -> Callable[..., Any]:
-        placeholders = gm.graph.find_nodes(op="placeholder")
-        if not name.startswith("backward") and len(placeholders) == len(inputs):
-            for node, user_name in zip(placeholders, inputs, strict=True):
-                node.meta["user_input"] = user_name  # Dynamo's name, for explain(): l_self_buffers_running_mean_
-        inline_subgraphs(gm)  # nested compile regions the user marked
-        if options.fallback == "error":
-            _check_graph(gm, static=False)
-        _simplify(gm.graph)
-        constants = _constant_outputs(gm)
-        aliases = layouts.split_alias_outputs(gm)
-        gm.recompile()
-        compiled: Callable[..., Any] | None = None
-        orders: list[tuple[int, ...] | None] | None = None
-
-        def run(args: list[Any]) -> Any:
-            nonlocal compiled, orders
-            if compiled is None:
-                orders = layouts.permute_inputs(gm, args)
-                example = list(layouts.permuted(args, orders))
-                out_spec = pytree.tree_flatten(tuple(gm.graph.output_node().args[0]))[1]
-                in_spec = pytree.tree_flatten((tuple(example), {}))[1]
-                compiled = _compile_or_nothing(compile_graph, Captured(gm, [], example, in_spec, out_spec, graph=name),
-                                               options)
-            outputs = compiled(*layouts.permuted(args, orders))
-            if aliases is not None:
-                outputs = aliases.rebuild(args, list(outputs))
-            if not constants:
-                return outputs
-            outputs = list(outputs)
-            for i, value in constants:
-                outputs.insert(i, value)
-            return outputs
-
-        run._boxed_call = True  # type: ignore[attr-defined]
-        return run
-
     graphs = itertools.count()  # the Dynamo graphs this backend compiled: each one's number
 
     def backend(gm: fx.GraphModule, example_inputs: list[Any],
@@ -283,11 +247,14 @@ def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]
         index = next(graphs)
         # the inputs of AOTAutograd's forward graph are Dynamo's, in order (parameters and buffers included)
         inputs = [n.name for n in gm.graph.find_nodes(op="placeholder")]
+        kept = cache and aot_cache.enabled()
 
         def compiler(kind: str) -> Callable[..., Any]:
-            return functools.partial(graph_compiler, options=chosen, name=f"{kind} graph {index}", inputs=inputs)
+            build = functools.partial(_graph_compiler, compile_graph, options=chosen, name=f"{kind} graph {index}",
+                                      inputs=inputs)
+            return aot_cache.compiler(build) if kept else lambda gm, _args: build(gm)
 
-        with resizes.kept():
+        with resizes.kept(), aot_cache.tagged(chosen) if kept else contextlib.nullcontext():
             return aot_module_simplified(
                 gm,
                 example_inputs,
@@ -301,6 +268,47 @@ def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]
             )
 
     return backend
+
+
+def _graph_compiler(compile_graph: Callable[[Captured, Options], Callable[..., Any]], gm: fx.GraphModule,
+                    options: Options, name: str, inputs: list[str]) -> Callable[..., Any]:
+    """The boxed callable running one graph AOTAutograd made (`make_backend`), compiled on its
+    first call."""
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    if not name.startswith("backward") and len(placeholders) == len(inputs):
+        for node, user_name in zip(placeholders, inputs, strict=True):
+            node.meta["user_input"] = user_name  # Dynamo's name, for explain(): l_self_buffers_running_mean_
+    inline_subgraphs(gm)  # nested compile regions the user marked
+    if options.fallback == "error":
+        _check_graph(gm, static=False)
+    _simplify(gm.graph)
+    constants = _constant_outputs(gm)
+    aliases = layouts.split_alias_outputs(gm)
+    gm.recompile()
+    compiled: Callable[..., Any] | None = None
+    orders: list[tuple[int, ...] | None] | None = None
+
+    def run(args: list[Any]) -> Any:
+        nonlocal compiled, orders
+        if compiled is None:
+            orders = layouts.permute_inputs(gm, args)
+            example = list(layouts.permuted(args, orders))
+            out_spec = pytree.tree_flatten(tuple(gm.graph.output_node().args[0]))[1]
+            in_spec = pytree.tree_flatten((tuple(example), {}))[1]
+            compiled = _compile_or_nothing(compile_graph, Captured(gm, [], example, in_spec, out_spec, graph=name),
+                                           options)
+        outputs = compiled(*layouts.permuted(args, orders))
+        if aliases is not None:
+            outputs = aliases.rebuild(args, list(outputs))
+        if not constants:
+            return outputs
+        outputs = list(outputs)
+        for i, value in constants:
+            outputs.insert(i, value)
+        return outputs
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
 
 
 def _compile_or_nothing(compile_graph: Callable[[Captured, Options], Callable[..., Any]], captured: Captured,
