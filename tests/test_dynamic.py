@@ -141,6 +141,32 @@ def test_bert_at_batch_one_keeps_the_sequence_symbolic() -> None:
     torch._dynamo.reset()
 
 
+def _positions(x: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
+    """Cache positions as HF computes them (arange(past, past + n)), and a countdown by 2."""
+    n = x.shape[1]
+    return x * torch.arange(past.shape[0], past.shape[0] + n) + torch.arange(n, 0, -2).sum()
+
+
+def test_an_arange_between_symbolic_sizes_is_computed_natively() -> None:
+    """An integer torch.arange whose bounds are symbolic sizes (rules.Range, opdefs/creation.yaml)
+    is computed by the native program at every size, with no op run eagerly; a float one between
+    symbolic bounds runs eagerly and says why. Values and dtypes equal eager's."""
+    compiled = torch.compile(_positions, backend="torchtosa", dynamic=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", torchtosa.FallbackWarning)
+        for n, past in ((5, 3), (8, 2), (11, 7)):
+            x, cache = torch.randn(2, n), torch.randn(past)
+            got, want = compiled(x, cache), _positions(x, cache)
+            assert got.dtype == want.dtype and torch.equal(got, want), (n, past)
+    def floats(x: torch.Tensor) -> torch.Tensor:
+        return x * torch.arange(1, x.shape[0] + 1, dtype=torch.float32)
+
+    with torch.no_grad(), pytest.warns(torchtosa.FallbackWarning, match="float32 values between symbolic bounds"):
+        x = torch.randn(6)
+        torch.testing.assert_close(torch.compile(floats, backend="torchtosa", dynamic=True)(x), floats(x))
+    torch._dynamo.reset()
+
+
 def test_guards_the_lowering_added_are_checked_per_call() -> None:
     s0 = sympy.Symbol("s0", positive=True, integer=True)
     guarded = Guarded(lambda *args: "native", [sympy.Le(s0, 8)], {s0: (0, 0)})

@@ -20,6 +20,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from ..errors import InvalidInput
 from . import target
 from .tosa import INT48 as i48
+from .tosa import Range
 
 f16, bf16, f32, f64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
 i8, i16, i32, i64, u8, bool_ = torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool
@@ -506,7 +507,13 @@ def scalar_value(v: Any, dt: torch.dtype) -> Any:
 
 
 def is_finite_value(v: Any) -> bool:
-    return math.isfinite(builtins.float(v))
+    """Whether a scalar is finite (a symbolic size is)."""
+    return isinstance(v, torch.SymInt) or math.isfinite(builtins.float(v))
+
+
+def is_symbolic(v: Any) -> bool:
+    """Whether a scalar is a number computed from symbolic sizes (a SymInt)."""
+    return isinstance(v, torch.SymInt)
 
 
 def is_cpu(device: Any) -> bool:
@@ -519,13 +526,22 @@ def is_strided(layout: Any) -> bool:
 
 
 def arange_acc(v: Any, dt: torch.dtype) -> Any:
-    """An arange scalar in torch's CPU accumulation type: int64 (truncated) for integers, else a float."""
+    """An arange scalar in torch's CPU accumulation type: int64 (truncated) for integers, else a
+    float; a symbolic size stays symbolic."""
+    if isinstance(v, torch.SymInt):
+        return v
     return builtins.float(v) if dt.is_floating_point else builtins.int(v)
 
 
 def arange_len(start: Any, end: Any, step: Any, dt: torch.dtype) -> int:
     """torch.arange's length: ceil((end - start) / step) in double, or in int64 (on the truncated
-    scalars) for an int64 result."""
+    scalars) for an int64 result. With a symbolic bound (an integer result, a static step): the
+    int64 form for the step's sign, whose numerator has that sign when the bounds agree with it
+    (the entry requires that), so it needs no guard."""
+    if _symbolic([start, end]):
+        st = builtins.int(step)
+        num = end - start + st - (1 if st > 0 else -1)
+        return num // st if st > 0 else (-num) // (-st)
     if dt == torch.int64:
         s, e, st = builtins.int(start), builtins.int(end), builtins.int(step)
         sgn = (st > 0) - (st < 0)
@@ -535,8 +551,11 @@ def arange_len(start: Any, end: Any, step: Any, dt: torch.dtype) -> int:
     return math.ceil((builtins.float(end) - builtins.float(start)) / builtins.float(step))
 
 
-def arange_values(start: Any, end: Any, step: Any, dt: torch.dtype) -> list[Any]:
-    """start + i * step for each index, in the accumulation type (double for floats, int64 for ints)."""
+def arange_values(start: Any, end: Any, step: Any, dt: torch.dtype) -> list[Any] | Range:
+    """start + i * step for each index, in the accumulation type (double for floats, int64 for
+    ints); for symbolic bounds (integers), a `Range` the program computes."""
+    if _symbolic([start, end]):
+        return Range(start, builtins.int(step))
     s, st = arange_acc(start, dt), arange_acc(step, dt)
     return [scalar_value(s + st * i, dt) if not dt.is_floating_point else s + st * i
             for i in builtins.range(arange_len(start, end, step, dt))]

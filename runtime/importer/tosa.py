@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 from mlir import ir
-from mlir.dialects import linalg
+from mlir.dialects import arith, linalg
 
 from ..capture import symbolic
 from ..capture.symbolic import Dim, is_static, same_shape, static
@@ -231,7 +231,8 @@ class Builder:
             # floats; through f32 (exact) it rounds once, as torch converts them
             operands = [self.create("tosa.cast", operands, {}, operands[0].shape, torch.float32)]
         if (any(isinstance(o, ShapeOperand) and not is_static(o.dims) for o in operands)
-                or (name == "tosa.const" and (not is_static(shape) or _sized(attrs["values"][1])))
+                or (name == "tosa.const" and (not is_static(shape) or _sized(attrs["values"][1])
+                                              or isinstance(attrs["values"][1], Range)))
                 # tosa-to-linalg's tile of a symbolic shape reshapes with several -1 (invalid)
                 or (name == "tosa.tile" and not is_static(operands[0].shape))):
             return self._dynamic(name, operands, attrs, shape, dtype)
@@ -264,6 +265,9 @@ class Builder:
             raise Unsupported(f"{self.where}: emits {name}, which is not TOSA (target {aim})")
         if not is_static(shape) or any(isinstance(o, Tensor) and not is_static(o.shape) for o in operands):
             raise Unsupported(f"{self.where}: {name} of symbolic shape: a TOSA target needs static shapes")
+        if name == "tosa.const" and (isinstance(attrs["values"][1], Range) or _sized(attrs["values"][1])):
+            raise Unsupported(f"{self.where}: a constant computed from symbolic sizes: a TOSA target needs "
+                              "static values")
         first = operands[0] if operands else None
         if dtype == torch.bool and name in _BOOL_FORMS:
             return self.create(_BOOL_FORMS[name], operands, {k: v for k, v in attrs.items() if k == "axis"},
@@ -362,6 +366,8 @@ class Builder:
             return self.broadcast_to(source, shape)
         if name == "tosa.const":
             value = attrs["values"][1]
+            if isinstance(value, Range):
+                return self._range(value, shape, dtype)
             if _sized(value):  # a number computed from sizes (1 / count): made at run time
                 value = value[0] if isinstance(value, list | tuple) else value
                 scalar = symbolic.current().scalar(value, element_type(dtype))
@@ -376,6 +382,26 @@ class Builder:
             return self.broadcast_to(one, shape)
         raise Unsupported(f"{self.where}: {name} with the symbolic shape operand "
                           f"{[symbolic.show(o.dims) for o in operands if isinstance(o, ShapeOperand)]}")
+
+    def _range(self, values: Range, shape: tuple[Dim, ...], dtype: torch.dtype) -> Tensor:
+        """An arange of bounds known at run time (`rules.Range`): start + i * step for each i of
+        the 1-D `shape`, in int64, then `dtype`'s width, as a linalg.generic."""
+        i64 = ir.IntegerType.get_signless(64)
+        start = (symbolic.current().scalar(values.start, i64) if isinstance(values.start, torch.SymInt)
+                 else arith.constant(i64, int(values.start)))
+        step = arith.constant(i64, values.step)
+        result = tensor_type(shape, dtype)
+        parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
+        identity = ir.AffineMapAttr.get(ir.AffineMap.get_identity(1))
+        generic = linalg.GenericOp([result], [], [self.empty(shape, dtype)], ir.ArrayAttr.get([identity]),
+                                   ir.ArrayAttr.get([parallel]))
+        elem = result.element_type
+        body = generic.regions[0].blocks.append(elem)
+        with ir.InsertionPoint(body):
+            i = arith.index_cast(i64, linalg.IndexOp(0).result)
+            value = arith.addi(start, arith.muli(i, step))
+            linalg.YieldOp([value if elem == i64 else arith.trunci(elem, value)])
+        return Tensor(generic.results[0], shape, dtype)
 
     def index(self, d: Dim) -> ir.Value:
         """An `index` value of a dim, read from the function's inputs at run time if symbolic."""
@@ -570,6 +596,15 @@ def _is_padded(padding: Sequence[int], d: int) -> bool:
 def _bool_is_i1() -> bool:
     """Under a TOSA target bools live as i1 (no casts to and from i8)."""
     return target.active() is not None
+
+
+@dataclass(frozen=True)
+class Range:
+    """A constant's values that are an arange between symbolic sizes (`rules.arange_values`):
+    start + i * step, computed at run time (`Builder._range`); `start` an int or a SymInt."""
+
+    start: Any
+    step: int
 
 
 def _sized(value: Any) -> bool:
