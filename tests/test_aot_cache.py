@@ -81,3 +81,24 @@ def test_a_graph_that_does_not_pickle_runs_uncached() -> None:
     torch.testing.assert_close(code([x]), torch.tanh(x) * 2)
     with pytest.raises(BypassAOTAutogradCache, match="could not pickle"):
         code.prepare_for_serialization()
+
+
+def test_a_graph_holding_a_tensor_is_not_kept(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A Dynamo graph with a tensor attribute of its own is not kept (the cache's key would have
+    its sizes, not its values); one without is, while the disk cache is on."""
+    monkeypatch.setenv("TORCHTOSA_CACHE", "1")
+    monkeypatch.setenv("TORCHTOSA_CACHE_DIR", str(tmp_path))
+
+    class Holding(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = torch.randn(3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.table
+
+    holding = fx.symbolic_trace(Holding())
+    plain = fx.symbolic_trace(lambda x: torch.tanh(x) * 2)
+    assert [aot_cache.enabled(g) for g in (holding, plain)] == [False, True]
+    monkeypatch.setenv("TORCHTOSA_CACHE", "0")
+    assert not aot_cache.enabled(plain)

@@ -46,9 +46,19 @@ _PICKLED = Options(ops_filter=None, node_metadata_key_filter=KEPT_META.__contain
 Build = Callable[[fx.GraphModule], Callable[[list[Any]], Any]]  # the backend's compile of one graph
 
 
-def enabled() -> bool:
-    """Whether graphs are kept (the disk cache is on)."""
-    return disk_cache.folder() is not None
+def enabled(gm: fx.GraphModule) -> bool:
+    """Whether the graphs AOTAutograd makes of Dynamo's graph `gm` are kept: the disk cache is on
+    and `gm` holds no tensor of its own (a `get_attr`: AOTAutogradCache's key has only the sizes
+    and dtype of such a tensor, not its values, which the kept graph would keep)."""
+    return disk_cache.folder() is not None and not any(
+        isinstance(_attribute(gm, n.target), torch.Tensor) for n in gm.graph.find_nodes(op="get_attr"))
+
+
+def _attribute(gm: fx.GraphModule, target: str) -> Any:
+    value: Any = gm
+    for name in target.split("."):
+        value = getattr(value, name, None)
+    return value
 
 
 @dataclasses.dataclass
