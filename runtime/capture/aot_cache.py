@@ -15,7 +15,8 @@ torchtosa's fingerprint (its sources, torch's and LLVM's versions) and the backe
 join the key through `torch.compiler.config.cache_key_tag` (PyTorch's own tag for that), so an
 entry serves only the torchtosa and the options that made it. Entries live in PyTorch's cache
 folder (TORCHINDUCTOR_CACHE_DIR, `aotautograd/`), written atomically by PyTorch. TORCHTOSA_CACHE=0
-turns it off, as does `torch.compiler.config.force_disable_caches`.
+turns it off, as does `torch.compiler.config.force_disable_caches`; a Dynamo graph holding a
+tensor of its own is not kept (`enabled`).
 """
 
 from __future__ import annotations
