@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import operator
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -52,14 +53,7 @@ def enabled(gm: fx.GraphModule) -> bool:
     and `gm` holds no tensor of its own (a `get_attr`: AOTAutogradCache's key has only the sizes
     and dtype of such a tensor, not its values, which the kept graph would keep)."""
     return disk_cache.folder() is not None and not any(
-        isinstance(_attribute(gm, n.target), torch.Tensor) for n in gm.graph.find_nodes(op="get_attr"))
-
-
-def _attribute(gm: fx.GraphModule, target: str) -> Any:
-    value: Any = gm
-    for name in target.split("."):
-        value = getattr(value, name, None)
-    return value
+        isinstance(operator.attrgetter(n.target)(gm), torch.Tensor) for n in gm.graph.find_nodes(op="get_attr"))
 
 
 @dataclasses.dataclass

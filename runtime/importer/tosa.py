@@ -231,8 +231,7 @@ class Builder:
             # floats; through f32 (exact) it rounds once, as torch converts them
             operands = [self.create("tosa.cast", operands, {}, operands[0].shape, torch.float32)]
         if (any(isinstance(o, ShapeOperand) and not is_static(o.dims) for o in operands)
-                or (name == "tosa.const" and (not is_static(shape) or _sized(attrs["values"][1])
-                                              or isinstance(attrs["values"][1], Range)))
+                or (name == "tosa.const" and (not is_static(shape) or _made_at_run_time(attrs["values"][1])))
                 # tosa-to-linalg's tile of a symbolic shape reshapes with several -1 (invalid)
                 or (name == "tosa.tile" and not is_static(operands[0].shape))):
             return self._dynamic(name, operands, attrs, shape, dtype)
@@ -265,7 +264,7 @@ class Builder:
             raise Unsupported(f"{self.where}: emits {name}, which is not TOSA (target {aim})")
         if not is_static(shape) or any(isinstance(o, Tensor) and not is_static(o.shape) for o in operands):
             raise Unsupported(f"{self.where}: {name} of symbolic shape: a TOSA target needs static shapes")
-        if name == "tosa.const" and (isinstance(attrs["values"][1], Range) or _sized(attrs["values"][1])):
+        if name == "tosa.const" and _made_at_run_time(attrs["values"][1]):
             raise Unsupported(f"{self.where}: a constant computed from symbolic sizes: a TOSA target needs "
                               "static values")
         first = operands[0] if operands else None
@@ -384,7 +383,7 @@ class Builder:
                           f"{[symbolic.show(o.dims) for o in operands if isinstance(o, ShapeOperand)]}")
 
     def _range(self, values: Range, shape: tuple[Dim, ...], dtype: torch.dtype) -> Tensor:
-        """An arange of bounds known at run time (`rules.Range`): start + i * step for each i of
+        """An arange of bounds known at run time (`Range`): start + i * step for each i of
         the 1-D `shape`, in int64, then `dtype`'s width, as a linalg.generic."""
         i64 = ir.IntegerType.get_signless(64)
         start = (symbolic.current().scalar(values.start, i64) if isinstance(values.start, torch.SymInt)
@@ -613,6 +612,12 @@ def _sized(value: Any) -> bool:
     if isinstance(value, list | tuple) and len(value) == 1:
         value = value[0]
     return isinstance(value, torch.SymInt | torch.SymFloat)
+
+
+def _made_at_run_time(value: Any) -> bool:
+    """A constant's value the program computes: a symbolic number (`_sized`) or an arange
+    between symbolic sizes (`Range`)."""
+    return _sized(value) or isinstance(value, Range)
 
 
 def _show(shape: Sequence[Dim], dtype: torch.dtype) -> str:
