@@ -176,3 +176,48 @@ def test_guards_the_lowering_added_are_checked_per_call() -> None:
     # a torch.compile graph compiles for the sizes of a call that breaks one instead
     again = Guarded(lambda *args: "native", [sympy.Le(s0, 8)], {s0: (0, 0)}, otherwise=lambda *args: "specialised")
     assert again(torch.zeros(9)) == "specialised"
+
+
+class Scaled(torch.nn.Module):
+    """Floats of its own: an attention scale (an SDPA argument, which Dynamo guards on) and an
+    eps (tensor math)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj, self.scaling, self.eps = torch.nn.Linear(16, 48), 0.3, 1e-5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.proj(x).chunk(3, dim=-1)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=self.scaling)
+        return y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+def test_floats_of_modules_become_constants_before_aotautograd_traces(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch._dynamo.exc import TensorifyScalarRestartAnalysis
+    from torch._functorch._aot_autograd import graph_compile
+
+    late = []  # restarts AOTAutograd asked for, after tracing the whole graph
+
+    def tensorify(*args: object) -> None:
+        try:
+            original(*args)
+        except TensorifyScalarRestartAnalysis:
+            late.append(args)
+            raise
+
+    original = graph_compile.tensorify_python_scalars
+    monkeypatch.setattr(graph_compile, "tensorify_python_scalars", tensorify)
+    torch.manual_seed(0)
+    model = Scaled().eval()
+    counter = Counting(fallback="error")
+    compiled = torch.compile(model, backend=counter, dynamic=True)
+    with torch.no_grad():
+        for n in (5, 9):
+            x = torch.randn(2, n, 16)
+            torch.testing.assert_close(compiled(x), model(x))
+        assert not late
+        assert counter.frame_count == 2  # the first trace, ended by the backend, and the one compiled
+        model.scaling = 0.7  # a constant of the compiled graph, guarded: compiled again
+        torch.testing.assert_close(compiled(x), model(x))
+    assert counter.frame_count == 3
+    torch._dynamo.reset()

@@ -45,7 +45,7 @@ from torch._dynamo.symbolic_convert import TensorifyState
 from torch._dynamo.utils import dynamo_timed, get_metrics_context
 from torch._guards import TracingContext, tracing
 
-__all__ = ["Guards", "trace"]
+__all__ = ["Guards", "specialize_module_floats", "trace"]
 
 Backend = Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]
 _RESTARTS = 8  # traces of a frame whose graph asks for floats to be specialized (Dynamo allows 100)
@@ -155,6 +155,40 @@ def trace(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
         run = output.get_runtime_env().forward_callable(captured.backend_input.backend_id, compiled,
                                                         extra_globals=frame.__globals__)
     return run, kept
+
+
+def specialize_module_floats(gm: torch.fx.GraphModule) -> None:
+    """Have Dynamo trace again with the floats of nn.Modules as constants (raise
+    TensorifyScalarRestartAnalysis) when AOTAutograd would ask for a restart anyway.
+
+    With dynamic=True, Dynamo makes each float it reads a graph input (a float64 scalar read by
+    `.item()`), a module's `eps` or `scaling` too. AOTAutograd's tensorify pass turns into tensor
+    math what it can, and asks for another trace with the rest as constants, after Dynamo and
+    AOTAutograd traced the whole graph: on HF Llama (an SDPA `scale`, which Dynamo already had
+    to guard on) a second of a two-second trace, and in a second process a lookup of
+    AOTAutograd's cache that never hits. A float Dynamo already specialized (a guard made it a
+    constant) is such a restart, known before AOTAutograd runs; it then specializes the floats
+    of nn.Modules as well: a model's constants, folded into the native code, a changed one
+    (Dynamo guards their values) compiling again. Floats the user passes stay inputs."""
+    restart, names = False, []
+    for node in gm.graph.find_nodes(op="placeholder"):
+        memo = getattr(node.meta.get("example_value"), "item_memo", None)
+        arg = node.meta.get("grapharg")
+        if not isinstance(memo, torch.SymFloat) or arg is None:
+            continue
+        symbol = memo.node._expr
+        fixed = memo.node.shape_env.replacements.get(symbol)
+        if fixed is not None and fixed.is_number:
+            restart = True
+        elif not (arg.source.guard_source.is_unspecialized_nn_module()
+                  or arg.source.guard_source.is_specialized_nn_module()):
+            continue
+        if not TensorifyState.should_specialize(symbol.name):
+            names.append(symbol.name)
+    if restart and names:
+        for name in names:
+            TensorifyState.specialize(name)
+        raise TensorifyScalarRestartAnalysis
 
 
 def _captured(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],

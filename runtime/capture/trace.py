@@ -248,6 +248,7 @@ def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]
         # the inputs of AOTAutograd's forward graph are Dynamo's, in order (parameters and buffers included)
         inputs = [n.name for n in gm.graph.find_nodes(op="placeholder")]
         kept = cache and aot_cache.enabled(gm)
+        frames.specialize_module_floats(gm)
 
         def compiler(kind: str) -> Callable[..., Any]:
             build = functools.partial(_graph_compiler, compile_graph, options=chosen, name=f"{kind} graph {index}",
