@@ -231,6 +231,8 @@ CPU_MISTAKES = [
     ("vecmath-needs-features", [("[avx512f]", "[]"), ("  vecmath: avx512", "  vecmath: ‸avx512")],
      "vecmath 'avx512' needs the features ['avx512f']"),
     ("vnni-needs-features", [("  int8_dot: none", "  int8_dot: ‸avx512_vnni")], "int8_dot 'avx512_vnni' needs"),
+    ("vpmaddwd-needs-features", [("  int8_dot: none", "  int8_dot: ‸avx512bw")],
+     "int8_dot 'avx512bw' needs the features ['avx512bw']"),
     ("bf16-needs-features", [("  bf16_round: integer", "  bf16_round: ‸avx512_bf16")],
      "bf16_round 'avx512_bf16' needs the features ['avx512_bf16']"),
     ("bf16-dot-needs-features", [("  bf16_dot: none", "  bf16_dot: ‸avx512_bf16")],

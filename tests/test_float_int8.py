@@ -1,10 +1,12 @@
-"""int8 matmul/conv2d computed as exact f32 contractions (runtime/lower/float_int8.py): bit for bit
-the reference lowering's i32 results (opt="none"), for odd sizes, reductions longer than the
-1024 products f32 sums exactly (split into chunks), the largest products, constant weights
-reshaped or transposed, and zero points (taken apart first by zero_points.py)."""
+"""int8 matmul/conv2d computed as exact f32 contractions (runtime/lower/float_int8.py) or on an
+int8 dot-product instruction (runtime/lower/int8_dot.py: vpdpbusd, vpmaddwd): bit for bit the
+reference lowering's i32 results (opt="none"), for odd sizes, reductions longer than the 1024
+products f32 sums exactly (split into chunks), the largest products, constant weights reshaped
+or transposed, and zero points (taken apart first by zero_points.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +16,7 @@ from mlir import ir
 
 from torchtosa.cpu import Cpu, select, table
 from torchtosa.execute.native import NativeFunction, TensorSpec, _prepare, shared_object
-from torchtosa.lower import pipeline, vnni
+from torchtosa.lower import int8_dot, pipeline
 from torchtosa.lower.float_int8 import EXACT_TERMS, fast_int8_contractions
 from torchtosa.lower.zero_points import separate_zero_points
 
@@ -66,10 +68,17 @@ def rewritten(src: str, cpu: Cpu | None = None) -> str:
         return str(module)
 
 
-# A CPU without an int8 dot product (exact f32 chunks) and one with AVX512-VNNI: run where this
-# machine can, else compiled for it only (llc), so both paths are checked on every host.
-NO_DOT = "x86-64-v3"
-VNNI = next((name for name, c in table().items() if vnni.available(c) and c.runs_here), "zen4")
+def entry(dot: str) -> Cpu:
+    """A CPU entry whose int8 dot product is `dot` ("none": x86-64-v3 without its vpmaddwd, exact
+    f32 chunks), one this machine runs if there is one: each instruction's kernels are run where
+    the host can, else compiled for it only (llc), so every path is checked on every host."""
+    if dot == "none":
+        return dataclasses.replace(table()["x86-64-v3"], int8_dot="none")
+    found = [c for c in table().values() if c.int8_dot == dot]
+    return next((c for c in found if c.runs_here), found[0])
+
+
+DOTS = ["none", *int8_dot.DOTS]
 
 
 def checked_on(src: str, inputs: list[TensorSpec], outputs: list[TensorSpec], cpu: Cpu,
@@ -120,16 +129,17 @@ def test_matmul_is_exact(batch: int, m: int, k: int, n: int, zero_points: tuple[
 
 
 @pytest.mark.parametrize("m,k,n", [
-    (6, 1030, 35), (64, 300, 19),  # N not a multiple of 16: f32
-    (9, 1030, 48), (64, 512, 64), (3, 7, 16), (17, 2049, 96), (8, 4, 32),  # VNNI where the host has it
+    (6, 1030, 35), (64, 300, 19),  # N not a whole number of vectors: f32
+    (9, 1030, 48), (64, 512, 64), (3, 7, 16), (17, 2049, 96), (8, 4, 32),  # whole vectors: the kernels
+    (13, 301, 24), (5, 2, 8),  # vpmaddwd's 8 columns, not VNNI's 16; k odd (a group of 2 padded)
 ])
 @pytest.mark.parametrize("za", [-128, 0, 37])
-@pytest.mark.parametrize("cpu", [NO_DOT, VNNI])
-def test_matmul_constant_weight_is_exact(m: int, k: int, n: int, za: int, cpu: str, tmp_path: Path) -> None:
-    """nn.Linear's frozen weight: a constant [N, K] transposed and reshaped. With AVX512-VNNI and
-    whole 16-column vectors, `vnni.kernel` (rows left over from 8-row tiles, a last panel of 16
-    columns, K padded to a multiple of 4); otherwise an f32 constant in the layout the matmul
-    reads. No int8 constant is left either way."""
+@pytest.mark.parametrize("dot", DOTS)
+def test_matmul_constant_weight_is_exact(m: int, k: int, n: int, za: int, dot: str, tmp_path: Path) -> None:
+    """nn.Linear's frozen weight: a constant [N, K] transposed and reshaped. With an int8 dot
+    product and whole vectors of columns, `int8_dot.kernel` (rows left over from the register
+    tile's, a last panel of one vector, K padded to a multiple of the instruction's group);
+    otherwise an f32 constant in the layout the matmul reads. No int8 constant is left either way."""
     w = (aligned_values if k > EXACT_TERMS else int8_values)((n, k), 3)
     a_t, out_t = ttype((1, m, k), "i8"), ttype((1, m, n), "i32")
     src = f"""
@@ -143,10 +153,11 @@ def test_matmul_constant_weight_is_exact(m: int, k: int, n: int, za: int, cpu: s
       %r = tosa.matmul %a, %b, %za, %zb : ({a_t}, {ttype((1, k, n), "i8")}, tensor<1xi8>, tensor<1xi8>) -> {out_t}
       return %r : {out_t}
     }}"""
-    target = table()[cpu]
+    target = entry(dot)
+    kernel = int8_dot.for_cpu(target)
     lowered = rewritten(src, target)
     assert f"() -> {ttype((n, k), 'i8')}" not in lowered and "tosa.transpose" not in lowered
-    assert ("torchtosa_vnni_" in lowered) == (vnni.available(target) and n % 16 == 0)
+    assert (f"torchtosa_{dot}_" in lowered) == (kernel is not None and n % kernel.lanes == 0)
     a = (aligned_values if k > EXACT_TERMS else int8_values)((1, m, k), 4)
     expected = ((a.long() - za) @ w.long().T).to(I32)
     fns = checked_on(src, [TensorSpec((1, m, k), I8)], [TensorSpec((1, m, n), I32)], target, tmp_path)
@@ -161,20 +172,21 @@ CONVS = [  # input [N, H, W, C], output channels, kernel, stride, pad, input zer
     ((1, 5, 5, 1030), 9, (1, 1), (1, 1), (0, 0, 0, 0), 3),   # a 1x1 conv over 1030 channels
     ((1, 8, 8, 64), 33, (5, 5), (1, 1), (2, 2, 2, 2), 0),    # 1600 terms
     ((2, 7, 6, 130), 32, (3, 3), (2, 1), (1, 1, 0, 1), -5),
-    # VNNI where the host has it: channels padded to 4, 8-column tiles and the columns left over,
-    # a last panel of 16 output channels, asymmetric padding, zero points
+    # the kernels: channels padded to the group, register tiles along the row and the columns
+    # left over, a last panel of one vector of output channels, asymmetric padding, zero points
     ((1, 9, 11, 5), 16, (3, 3), (1, 1), (1, 1, 1, 1), 0),
     ((2, 7, 6, 130), 48, (3, 3), (1, 1), (1, 1, 0, 1), -5),
     ((1, 5, 5, 1030), 32, (1, 1), (1, 1), (0, 0, 0, 0), 3),
     ((1, 8, 8, 64), 48, (5, 5), (1, 1), (2, 2, 2, 2), 0),
     ((1, 4, 19, 3), 16, (2, 3), (1, 1), (0, 1, 2, 0), 127),
+    ((1, 6, 15, 7), 24, (3, 3), (1, 1), (1, 1, 1, 1), -9),   # vpmaddwd's 8 channels, 7 padded to 8
 ]
 
 
 @pytest.mark.parametrize("shape,channels,kernel,stride,pad,zx", CONVS)
-@pytest.mark.parametrize("cpu", [NO_DOT, VNNI])
+@pytest.mark.parametrize("dot", DOTS)
 def test_conv2d_is_exact(shape: tuple[int, ...], channels: int, kernel: tuple[int, int], stride: tuple[int, int],
-                         pad: tuple[int, ...], zx: int, cpu: str, tmp_path: Path) -> None:
+                         pad: tuple[int, ...], zx: int, dot: str, tmp_path: Path) -> None:
     n, h, w, c = shape
     kh, kw = kernel
     oh = (h + pad[0] + pad[1] - kh) // stride[0] + 1
@@ -193,11 +205,12 @@ def test_conv2d_is_exact(shape: tuple[int, ...], channels: int, kernel: tuple[in
            : ({x_t}, {w_t}, tensor<{channels}xi32>, tensor<1xi8>, tensor<1xi8>) -> {out_t}
       return %r : {out_t}
     }}"""
-    target = table()[cpu]
-    on_vnni = vnni.available(target) and channels % 16 == 0 and stride == (1, 1)
+    target = entry(dot)
+    instruction = int8_dot.for_cpu(target)
+    on_dot = instruction is not None and channels % instruction.lanes == 0 and stride == (1, 1)
     lowered = rewritten(src, target)
-    assert ("torchtosa_vnni_conv" in lowered) == on_vnni
-    assert lowered.count("tosa.conv2d") == (0 if on_vnni else -(-(kh * kw * c) // EXACT_TERMS))
+    assert (f"torchtosa_{dot}_conv" in lowered) == on_dot
+    assert lowered.count("tosa.conv2d") == (0 if on_dot else -(-(kh * kw * c) // EXACT_TERMS))
     x = (aligned_values if zx == 0 and kh * kw * c > EXACT_TERMS else int8_values)(shape, 7)
     padded = torch.nn.functional.pad(x.long().permute(0, 3, 1, 2) - zx, (pad[2], pad[3], pad[0], pad[1]))
     expected = torch.nn.functional.conv2d(padded.double(), weight.long().permute(0, 3, 1, 2).double(),

@@ -13,9 +13,10 @@ stays within 2^24, where f32 holds every integer, in any order of summation (FMA
              if needed), the i32 bias added after the cast
 
 A matmul whose second operand is a constant (a frozen nn.Linear weight) and a stride-1 conv2d
-with a constant weight, with output columns in whole 16-lane vectors, run on AVX512-VNNI
-instead where the target CPU has it (`vnni`: 4x the f32 FMA's multiply-adds per instruction, exact
-in i32 without chunks).
+with a constant weight, with output columns in whole vectors, run on the target CPU's int8 dot
+product instead where its entry names one (`int8_dot`: AVX512-VNNI's `vpdpbusd`, 4x the f32 FMA's
+multiply-adds per instruction; AVX-512BW's and AVX2's `vpmaddwd`, 2x; exact in i32 without
+chunks).
 
 The result is bit for bit the i32 accumulator TOSA defines (which wraps modulo 2^32; no sum
 of int8 products of these sizes comes near that). A constant operand (the frozen weights:
@@ -33,7 +34,8 @@ import numpy as np
 from mlir import ir
 
 from ..cpu import Cpu
-from . import vnni
+from . import int8_dot
+from .int8_dot import Dot
 from .irutil import find_ops, insert_functions
 from .zero_points import constant, int_width
 
@@ -41,18 +43,19 @@ EXACT_TERMS = 1024  # products of two int8 values whose sum is exact in f32: 102
 
 
 def fast_int8_contractions(module: ir.Module, cpu: Cpu) -> None:
-    """Rewrite each int8 x int8 -> i32 tosa.matmul / tosa.conv2d with zero zero points as a VNNI
-    kernel call (where `cpu` has the instruction) or an exact f32 contraction (see the module
-    docstring)."""
-    dot = vnni.available(cpu)
+    """Rewrite each int8 x int8 -> i32 tosa.matmul / tosa.conv2d with zero zero points as a call
+    of an int8 dot-product kernel (where `cpu` has the instruction) or an exact f32 contraction
+    (see the module docstring)."""
+    dot = int8_dot.for_cpu(cpu)
+    rows = dot.rows(cpu) if dot else 0
     with module.context, ir.Location.unknown():
         for op in find_ops(module, lambda o: o.name in ("tosa.matmul", "tosa.conv2d")):
             if not _int8_contraction(op):
                 continue
             if op.name == "tosa.matmul":
-                _matmul(op, dot)
+                _matmul(op, dot, rows)
             else:
-                _conv2d(op, dot)
+                _conv2d(op, dot, rows)
 
 
 def _int8_contraction(op: ir.Operation) -> bool:
@@ -115,6 +118,12 @@ class _Emit:
         t = ir.RankedTensorType.get([len(values)], ir.IntegerType.get_signless(8))
         return self.op("tosa.const", t, [], values=ir.DenseElementsAttr.get(np.asarray(values, dtype=np.int8), type=t))
 
+    def zero_of(self, element: ir.IntegerType) -> ir.Value:
+        """A [1] zero of integer type `element` (a pad value)."""
+        t = ir.RankedTensorType.get([1], element)
+        dtype = {8: np.int8, 16: np.int16}[element.width]
+        return self.op("tosa.const", t, [], values=ir.DenseElementsAttr.get(np.zeros(1, dtype=dtype), type=t))
+
     def zero(self, element: ir.Type, shape: list[int]) -> ir.Value:
         return self.const(np.zeros(shape), element)
 
@@ -133,14 +142,14 @@ def _sum_i32(emit: _Emit, parts: list[ir.Value]) -> ir.Value:
     return acc
 
 
-def _matmul(op: ir.Operation, dot: bool) -> None:
+def _matmul(op: ir.Operation, dot: Dot | None, rows: int) -> None:
     a, b = list(op.operands)[:2]
     batch, m, k = ir.RankedTensorType(a.type).shape
     n = ir.RankedTensorType(b.type).shape[2]
     emit = _Emit(op)
     weight = constant(b)
-    if batch == 1 and weight is not None and dot and vnni.fits(m, k, n):
-        _vnni_matmul(op, emit, a, weight[0])
+    if batch == 1 and weight is not None and dot and dot.fits(m, k, n):
+        _dot_matmul(op, emit, a, weight[0], dot, rows)
         return
     zero = emit.zero(emit.f32, [1])
     parts = []
@@ -151,93 +160,111 @@ def _matmul(op: ir.Operation, dot: bool) -> None:
     _erase(op)
 
 
-def _vnni_matmul(op: ir.Operation, emit: _Emit, a: ir.Value, b: np.ndarray) -> None:
-    """`vnni.kernel` on a + 128 (its sign bit flipped) and b packed, minus 128 times b's column
-    sums (a constant)."""
+def _dot_operand(emit: _Emit, x: ir.Value, dot: Dot) -> ir.Value:
+    """int8 `x` as the instruction reads it: its bytes unsigned (+ 128, the sign bit flipped), or
+    sign-extended to the instruction's element type."""
+    if dot.unsigned:
+        i8 = ir.IntegerType.get_signless(8)
+        rank = ir.RankedTensorType(x.type).rank
+        sign_t = ir.RankedTensorType.get([1] * rank, i8)
+        sign = emit.op("tosa.const", sign_t, [], values=ir.DenseElementsAttr.get(
+            np.full([1] * rank, -128, dtype=np.int8), type=sign_t))
+        return emit.op("tosa.bitwise_xor", x.type, [x, sign])
+    if dot.element == 8:
+        return x
+    return emit.cast(x, ir.IntegerType.get_signless(dot.element))
+
+
+def _packed(emit: _Emit, b: np.ndarray, dot: Dot) -> ir.Value:
+    """The constant [K, N] int8 `b` as `int8_dot.pack` lays it out for `dot`."""
+    packed = int8_dot.pack(b, dot)
+    t = ir.RankedTensorType.get(list(packed.shape), ir.IntegerType.get_signless(dot.element))
+    return emit.op("tosa.const", t, [], values=ir.DenseElementsAttr.get(packed, type=t))
+
+
+def _correction(emit: _Emit, sums: np.ndarray, dot: Dot, shape: list[int]) -> ir.Value | None:
+    """-128 times the weight sums `sums`, where the kernel read a's bytes unsigned, as i32."""
+    if not dot.unsigned:
+        return None
+    values = sums.astype(np.int64) * -128
+    return emit.const(((values + 2**31) % 2**32 - 2**31).reshape(shape), emit.i32)
+
+
+def _dot_matmul(op: ir.Operation, emit: _Emit, a: ir.Value, b: np.ndarray, dot: Dot, rows: int) -> None:
+    """`int8_dot.kernel` on a as the instruction reads it and b packed (minus 128 times b's
+    column sums, a constant, where a's bytes were made unsigned)."""
     _, m, k = ir.RankedTensorType(a.type).shape
     n = b.shape[1]
-    k4 = math.ceil(k / 4)
-    i8 = ir.IntegerType.get_signless(8)
-    sign = emit.op("tosa.const", ir.RankedTensorType.get([1, 1, 1], i8), [],
-                   values=ir.DenseElementsAttr.get(np.full((1, 1, 1), -128, dtype=np.int8),
-                                                   type=ir.RankedTensorType.get([1, 1, 1], i8)))
-    unsigned = emit.op("tosa.bitwise_xor", a.type, [a, sign])
-    flat = emit.op("tosa.reshape", ir.RankedTensorType.get([m, k], i8), [unsigned, emit.shape([m, k])])
-    if 4 * k4 != k:
-        pad_value = emit.op("tosa.const", ir.RankedTensorType.get([1], i8), [],
-                            values=ir.DenseElementsAttr.get(np.zeros(1, dtype=np.int8),
-                                                            type=ir.RankedTensorType.get([1], i8)))
-        flat = emit.op("tosa.pad", ir.RankedTensorType.get([m, 4 * k4], i8),
-                       [flat, emit.shape([0, 0, 0, 4 * k4 - k]), pad_value])
-    packed = vnni.pack(b)
-    packed_t = ir.RankedTensorType.get(list(packed.shape), i8)
-    panels = emit.op("tosa.const", packed_t, [], values=ir.DenseElementsAttr.get(packed, type=packed_t))
+    g = dot.group
+    kg = math.ceil(k / g)
+    element = ir.IntegerType.get_signless(dot.element)
+    flat = emit.op("tosa.reshape", ir.RankedTensorType.get([m, k], element),
+                   [_dot_operand(emit, a, dot), emit.shape([m, k])])
+    if g * kg != k:
+        flat = emit.op("tosa.pad", ir.RankedTensorType.get([m, g * kg], element),
+                       [flat, emit.shape([0, 0, 0, g * kg - k]), emit.zero_of(element)])
     result = ir.RankedTensorType(op.results[0].type)
-    name = f"torchtosa_vnni_{m}x{k4}x{n}"
-    _insert_kernel(op, name, vnni.kernel(name, m, k4, n))
+    name = f"torchtosa_{dot.name}_{m}x{kg}x{n}"
+    _insert_kernel(op, name, int8_dot.kernel(name, dot, rows, m, kg, n), dot)
     empty = ir.Operation.create("tensor.empty", results=[result], operands=[], ip=emit.ip).result
-    call = ir.Operation.create("func.call", results=[result], operands=[flat, panels, empty],
+    call = ir.Operation.create("func.call", results=[result], operands=[flat, _packed(emit, b, dot), empty],
                                attributes={"callee": ir.FlatSymbolRefAttr.get(name)}, ip=emit.ip).result
-    sums = b.astype(np.int64).sum(axis=0) * -128
-    correction = emit.const(((sums + 2**31) % 2**32 - 2**31).reshape(1, 1, n), emit.i32)
-    op.results[0].replace_all_uses_with(emit.op("tosa.add", result, [call, correction]))
+    correction = _correction(emit, b.sum(axis=0), dot, [1, 1, n])
+    op.results[0].replace_all_uses_with(call if correction is None else emit.op("tosa.add", result, [call, correction]))
     _erase(op)
 
 
-def _insert_kernel(anchor: ir.Operation, name: str, source: str) -> None:
-    """Add the private function `name` (MLIR text `source`) and the placeholder of the VNNI
+def _insert_kernel(anchor: ir.Operation, name: str, source: str, dot: Dot) -> None:
+    """Add the private function `name` (MLIR text `source`) and the placeholder of `dot`'s
     instruction to the module of `anchor`, unless there."""
-    insert_functions(anchor, name, source + "\n" + vnni.declaration())
+    insert_functions(anchor, name, source + "\n" + int8_dot.declaration(dot))
 
 
-def _vnni_conv2d(op: ir.Operation, emit: _Emit, x: ir.Value, w: np.ndarray, bias: ir.Value) -> None:
-    """A stride-1 conv2d on VNNI (`vnni.conv_kernel`), read straight from the input: padded (and
-    its channels to a multiple of 4, with zeros, as the weight's), made unsigned (+ 128, the sign
-    bit flipped), minus 128 times each output channel's weight sum (a constant), plus the bias."""
+def _dot_conv2d(op: ir.Operation, emit: _Emit, x: ir.Value, w: np.ndarray, bias: ir.Value, dot: Dot,
+                rows: int) -> None:
+    """A stride-1 conv2d on the int8 dot product (`int8_dot.conv_kernel`), read straight from
+    the input: padded (and its channels to a multiple of the instruction's group, with zeros, as
+    the weight's), as the instruction reads it (unsigned bytes, then minus 128 times each output
+    channel's weight sum, a constant; or sign-extended), plus the bias."""
     channels_out, kh, kw, channels = w.shape
     batch, h, width, _ = ir.RankedTensorType(x.type).shape
     top, bottom, left, right = list(ir.DenseI64ArrayAttr(op.attributes["pad"]))
-    extra = -channels % 4
+    extra = -channels % dot.group
     i8 = ir.IntegerType.get_signless(8)
     shape = [batch, h + top + bottom, width + left + right, channels + extra]
     if top or bottom or left or right or extra:
         x = emit.op("tosa.pad", ir.RankedTensorType.get(shape, i8),
                     [x, emit.shape([0, 0, top, bottom, left, right, 0, extra]), emit.int8([0])])
-    sign = emit.op("tosa.const", ir.RankedTensorType.get([1, 1, 1, 1], i8), [],
-                   values=ir.DenseElementsAttr.get(np.full((1, 1, 1, 1), -128, dtype=np.int8),
-                                                   type=ir.RankedTensorType.get([1, 1, 1, 1], i8)))
-    unsigned = emit.op("tosa.bitwise_xor", x.type, [x, sign])
+    x = _dot_operand(emit, x, dot)
     w = np.pad(w, [(0, 0), (0, 0), (0, 0), (0, extra)])
-    packed = vnni.pack(w.reshape(channels_out, -1).T)
-    packed_t = ir.RankedTensorType.get(list(packed.shape), i8)
-    panels = emit.op("tosa.const", packed_t, [], values=ir.DenseElementsAttr.get(packed, type=packed_t))
     result = ir.RankedTensorType(op.results[0].type)
     out = tuple(result.shape)
-    name = "torchtosa_vnni_conv_" + "x".join(map(str, [*shape, *out, kh, kw]))
-    _insert_kernel(op, name, vnni.conv_kernel(name, tuple(shape), out, kh, kw))
+    name = f"torchtosa_{dot.name}_conv_" + "x".join(map(str, [*shape, *out, kh, kw]))
+    _insert_kernel(op, name, int8_dot.conv_kernel(name, dot, rows, tuple(shape), out, kh, kw), dot)
     empty = ir.Operation.create("tensor.empty", results=[result], operands=[], ip=emit.ip).result
-    acc = ir.Operation.create("func.call", results=[result], operands=[unsigned, panels, empty],
+    acc = ir.Operation.create("func.call", results=[result],
+                              operands=[x, _packed(emit, w.reshape(channels_out, -1).T, dot), empty],
                               attributes={"callee": ir.FlatSymbolRefAttr.get(name)}, ip=emit.ip).result
-    sums = w.astype(np.int64).sum(axis=(1, 2, 3)) * -128
-    correction = emit.const(((sums + 2**31) % 2**32 - 2**31).reshape(1, 1, 1, -1), emit.i32)
-    acc = emit.op("tosa.add", result, [acc, correction])
+    correction = _correction(emit, w.sum(axis=(1, 2, 3)), dot, [1, 1, 1, -1])
+    if correction is not None:
+        acc = emit.op("tosa.add", result, [acc, correction])
     bias_shape = [1, 1, 1, ir.RankedTensorType(bias.type).shape[0]]
     bias = emit.op("tosa.reshape", ir.RankedTensorType.get(bias_shape, emit.i32), [bias, emit.shape(bias_shape)])
     op.results[0].replace_all_uses_with(emit.op("tosa.add", result, [acc, bias]))
     _erase(op)
 
 
-def _conv2d(op: ir.Operation, dot: bool) -> None:
+def _conv2d(op: ir.Operation, dot: Dot | None, rows: int) -> None:
     x, w, bias = list(op.operands)[:3]
     channels_out, kh, kw, channels_in = ir.RankedTensorType(w.type).shape
     if kh * kw > EXACT_TERMS or int_width(bias.type) != 32:
         return
     emit = _Emit(op)
     weight = constant(w)
-    if (weight is not None and dot and channels_out % vnni.LANES == 0
+    if (weight is not None and dot and channels_out % dot.lanes == 0
             and list(ir.DenseI64ArrayAttr(op.attributes["stride"])) == [1, 1]
             and list(ir.DenseI64ArrayAttr(op.attributes["dilation"])) == [1, 1]):
-        _vnni_conv2d(op, emit, x, weight, bias)
+        _dot_conv2d(op, emit, x, weight, bias, dot, rows)
         return
     result = ir.RankedTensorType(op.results[0].type)
     attributes = {name: op.attributes[name] for name in op.attributes}

@@ -17,9 +17,10 @@ tosa-to-linalg would make of it, whose `arith.mulf`/`arith.addf` fold exactly.
 With opt="default"/"parallel", int8 matmuls and convolutions lose their zero points before
 "tosa-to-linalg" (`zero_points`): plain i8 contractions, which are then computed as exact f32
 contractions (`float_int8`: int8 products summed over at most 1024 terms are exact in f32), so
-that they run on the schedule's f32 FMA kernel, or, for a constant second operand on a host
-with AVX512-VNNI, become a call of a `vpdpbusd` kernel (`vnni`; the instruction is a placeholder
-call until "llvm", as buffer deallocation rejects the intrinsic, an op of unknown effects).
+that they run on the schedule's f32 FMA kernel, or, for a constant second operand on a CPU
+whose entry has an int8 dot product (`vpdpbusd`, `vpmaddwd`), become a call of a kernel on it
+(`int8_dot`; the instruction is a placeholder call until "llvm", as buffer deallocation rejects
+the intrinsic, an op of unknown effects).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from .. import progress
 from ..cpu import Cpu, select
 from ..errors import CompileError, NotInPlace
 from ..internal import blame
-from . import amx, vnni
+from . import amx, int8_dot
 from .convolutions import rewrite_convolutions
 from .copies import row_copies
 from .float_int8 import fast_int8_contractions
@@ -217,7 +218,7 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
                     round_bf16_in_integers(module)
                 if opt != "none":
                     row_copies(module)
-                    vnni.lower_calls(module)
+                    int8_dot.lower_calls(module)
                     amx.lower(module)
                     _results_in_place(module, results)
                     scratch = _promote_allocations(module)
