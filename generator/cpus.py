@@ -41,7 +41,7 @@ FEATURES = {
     "aarch64": {"asimd", "asimddp", "asimdhp", "fphp", "sve", "sve2", "i8mm", "bf16", "svei8mm", "svebf16"},
 }
 INT8_DOT = {"none": {"x86_64": set(), "aarch64": set()}, "avx512_vnni": {"x86_64": {"avx512_vnni"}},
-            "avx512bw": {"x86_64": {"avx512bw"}}, "avx2": {"x86_64": {"avx2"}}}
+            "avx512bw": {"x86_64": {"avx512bw"}}, "avx2": {"x86_64": {"avx2"}}, "asimddp": {"aarch64": {"asimddp"}}}
 VECMATH = {"none": {"x86_64": set(), "aarch64": set()}, "avx2": {"x86_64": {"avx2"}},
            "avx512": {"x86_64": {"avx512f"}}}
 BF16_ROUND = {"integer": {"x86_64": set(), "aarch64": set()}, "avx512_bf16": {"x86_64": {"avx512_bf16"}},

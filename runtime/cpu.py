@@ -34,7 +34,7 @@ class Cpu:
     fma_units: int
     l1d_kib: int
     l2_kib: int
-    int8_dot: str  # "none", "avx2", "avx512bw" or "avx512_vnni" (lower/int8_dot.py)
+    int8_dot: str  # "none", "avx2", "avx512bw", "avx512_vnni" or "asimddp" (lower/int8_dot.py)
     vecmath: str  # libmvec's variant: "none", "avx2" or "avx512"
     bf16_round: str  # "integer" (lower/half.py), "avx512_bf16" or "bf16": an instruction
     bf16_dot: str  # "none" or "avx512_bf16" (vdpbf16ps, lower/bf16_dot.py)

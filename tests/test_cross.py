@@ -12,13 +12,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from mlir import ir
 from torch import nn
 
 from torchtosa import Unsupported, cpu
 from torchtosa.api import _capture
 from torchtosa.execute import library, toolchain
 from torchtosa.execute.library import Library
-from torchtosa.importer.graph import import_graph
+from torchtosa.execute.native import TensorSpec
+from torchtosa.importer.graph import Program, import_graph
 
 ARM = sorted(name for name, c in cpu.table().items() if c.arch == "aarch64")
 QEMU = "qemu-aarch64"
@@ -115,3 +117,43 @@ def test_parallel_is_refused_for_another_architecture(tmp_path: Path) -> None:
     program, params = _program("mlp")
     with pytest.raises(Unsupported, match="opt='parallel' needs the OpenMP runtime"):
         library.build(program, params, tmp_path / "mlp.so", opt="parallel", cpu=cpu.table()[ARM[0]])
+
+
+def _int8_matmul(m: int, k: int, n: int, weight: torch.Tensor) -> Program:
+    """TOSA: an int8 [1, m, k] input times the constant int8 weight [n, k] (transposed, as a
+    frozen nn.Linear's), i32 out."""
+    a_t, out_t, w_t = f"tensor<1x{m}x{k}xi8>", f"tensor<1x{m}x{n}xi32>", f"tensor<{n}x{k}xi8>"
+    t_t, b_t = f"tensor<{k}x{n}xi8>", f"tensor<1x{k}x{n}xi8>"
+    hexed = weight.contiguous().numpy().tobytes().hex().upper()
+    src = f"""
+    func.func @forward(%a: {a_t}) -> {out_t} {{
+      %z = "tosa.const"() {{values = dense<0> : tensor<1xi8>}} : () -> tensor<1xi8>
+      %w = "tosa.const"() {{values = dense<"0x{hexed}"> : {w_t}}} : () -> {w_t}
+      %t = tosa.transpose %w {{perms = array<i32: 1, 0>}} : ({w_t}) -> {t_t}
+      %s = tosa.const_shape {{values = dense<[1, {k}, {n}]> : tensor<3xindex>}} : () -> !tosa.shape<3>
+      %b = tosa.reshape %t, %s : ({t_t}, !tosa.shape<3>) -> {b_t}
+      %r = tosa.matmul %a, %b, %z, %z : ({a_t}, {b_t}, tensor<1xi8>, tensor<1xi8>) -> {out_t}
+      return %r : {out_t}
+    }}"""
+    context = ir.Context()
+    return Program(ir.Module.parse(src, context=context), context, [TensorSpec((1, m, k), torch.int8)],
+                   [TensorSpec((1, m, n), torch.int32)])
+
+
+@pytest.mark.parametrize("entry", ARM)
+def test_int8_dot_product_kernels_match_eager_under_qemu(entry: str, tmp_path: Path) -> None:
+    """A constant-weight int8 matmul on the entry's int8 dot product (`sdot` on Armv8.2 with
+    asimddp, lower/int8_dot.py): register tiles of 8 rows and 5 rows left over, K padded to a
+    multiple of 4, 3 panels of 8 columns and a last one of 4; extreme values (-128 x -128 sums
+    of 70 terms), exact in i32 as eager's int64 product."""
+    m, k, n = 13, 70, 28
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(-128, 128, (1, m, k), generator=g, dtype=torch.int8)
+    weight = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    a[0, 0], weight[0] = -128, -128  # the largest product, 70 times
+    c = cpu.table()[entry]
+    lib = library.build(_int8_matmul(m, k, n, weight), [], tmp_path / "int8.so", name="int8", cpu=c)
+    text = toolchain.run([toolchain.llvm_tool("llvm-objdump"), "-d", str(lib.path)])
+    assert ("\tsdot\t" in text) == (c.int8_dot == "asimddp")
+    (got,) = _run_under_qemu(lib, (a,), tmp_path)
+    assert torch.equal(got, (a.long() @ weight.long().T).to(torch.int32))

@@ -15,6 +15,9 @@ the sum of `group` products of consecutive k, exactly in i32:
   operands sign-extended from int8), then an add: twice an f32 FMA's products per instruction,
   the add issuing beside it. (`vpmaddubsw`, 32 products of bytes, saturates its 16-bit sums:
   not exact.)
+- asimddp (Armv8.2's dot product: Neoverse N1/V1, Cortex-A76): `sdot`, 4 products of signed
+  bytes added to each lane of its accumulator: 16 multiply-adds per 128-bit instruction, 4x an
+  f32 FMA's.
 
 After `zero_points.separate_zero_points` an int8 `tosa.matmul` is a plain i8 x i8 -> i32 sum.
 The kernel is a private function on tensors (`kernel`): for each panel of two vectors of columns
@@ -89,6 +92,7 @@ DOTS = {d.name: d for d in (
     Dot("avx512_vnni", 512, 4, "llvm.x86.avx512.vpdpbusd.512", accumulates=True, unsigned=True),
     Dot("avx512bw", 512, 2, "llvm.x86.avx512.pmaddw.d.512", accumulates=False, unsigned=False),
     Dot("avx2", 256, 2, "llvm.x86.avx2.pmadd.wd", accumulates=False, unsigned=False),
+    Dot("asimddp", 128, 4, "llvm.aarch64.neon.sdot.v4i32.v16i8", accumulates=True, unsigned=False),
 )}
 
 
