@@ -21,8 +21,9 @@ the sum of `group` products of consecutive k, exactly in i32:
 
 After `zero_points.separate_zero_points` an int8 `tosa.matmul` is a plain i8 x i8 -> i32 sum.
 The kernel is a private function on tensors (`kernel`): for each panel of two vectors of columns
-of b, packed at compile time as [K/g][N][g] (g = group: g consecutive k of a column side by side,
-one vector per `lanes` columns), `rows` rows at a time keep rows x 2 accumulators in registers
+of b, packed at compile time as [N/panel][K/g][panel][g] (`pack`; g = group: g consecutive k of a
+column side by side, one vector per `lanes` columns), `rows` rows at a time (`Dot.rows`, from
+the register file) keep rows x 2 accumulators in registers
 while k runs in steps of g (one g-element broadcast of a per row); the rows left over run one at
 a time. K is padded to a multiple of g with zeros (in b; a's padding is multiplied by them). Each
 lane sums int8 products in i32 exactly as TOSA's accumulator (wrapping modulo 2^32, which sums
