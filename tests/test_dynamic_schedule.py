@@ -206,3 +206,35 @@ def test_row_chains_of_a_run_time_row_count_are_fused_per_row(name: str, monkeyp
     for found in dynamic:  # the output's whole buffer, and a row's ([1, 128], [1, 1, ?])
         rows = [t for t in found if re.match(r"memref<(1x)+", t)]
         assert rows and len(found) - len(rows) == 1, found
+
+
+def _zero_writes(module: ir.Module) -> int:
+    """vector.transfer_writes of a zero constant, and linalg.fills: an output zeroed in memory."""
+    count = 0
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        nonlocal count
+        if op.name == "linalg.fill":
+            count += 1
+        elif op.name == "vector.transfer_write":
+            value = getattr(op.operands[0].owner, "operation", None)  # None for a block argument
+            if value is not None and value.name == "arith.constant" \
+                    and re.fullmatch(r"dense<0\.0+e\+00> : vector<.*>", str(value.attributes["value"])):
+                count += 1
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return count
+
+
+@pytest.mark.parametrize("name", ["linear-rows", "bmm-batch-seq"])
+def test_contractions_of_run_time_sizes_start_from_zero_in_registers(name: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A contraction whose output has a run-time size starts each register tile's sums from a
+    zero vector, as a static one does (zero_init.py), instead of a pass zeroing the whole
+    output and each tile reading it back (a dynamic Linear(256, 1024) over 256 rows: 1.80 ->
+    1.45 ms on x86-64-v3 code, the static compile's 1.29)."""
+    zeroed = _spy(monkeypatch, _zero_writes)
+    build, make, dims = CASES[name]
+    _run(build(), make, dims, [7, 33], "default")
+    assert zeroed and not any(zeroed)

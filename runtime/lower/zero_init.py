@@ -36,11 +36,13 @@ def drop_zero_fills(contractions: Iterable[ir.Operation]) -> None:
     for op in contractions:
         fill = _root(op.operands[len(op.operands) - 1], "linalg.fill")
         if fill is None or not _zero(fill.operands[0]) or not _single_use(fill.results[0]) \
-                or not ir.RankedTensorType(fill.results[0].type).has_static_shape \
                 or _accumulated(_final(fill.results[0])):
             continue
+        filled = ir.RankedTensorType(fill.results[0].type)
         with ir.InsertionPoint(fill), fill.location:
-            alloc = bufferization.AllocTensorOp(fill.results[0].type, [])
+            sizes = [tensor.dim(fill.operands[1], arith.constant(ir.IndexType.get(), i))
+                     for i in range(filled.rank) if filled.is_dynamic_dim(i)]  # a run-time size's
+            alloc = bufferization.AllocTensorOp(filled, sizes)
             alloc.operation.attributes[DROPPED] = ir.UnitAttr.get()
         fill.results[0].replace_all_uses_with(alloc.result)
         fill.erase()
@@ -65,9 +67,11 @@ def zero_accumulators(module: ir.Module) -> None:
             result.replace_all_uses_with(zero)
             read.erase()
         for alloc in find_ops(module, lambda op: op.name == ROOT and DROPPED in op.attributes):
+            t = ir.RankedTensorType(alloc.results[0].type)
+            dynamic = iter(alloc.operands)  # the run-time sizes, in order
             with ir.InsertionPoint(alloc), alloc.location:
-                empty = tensor.EmptyOp(ir.RankedTensorType(alloc.results[0].type).shape,
-                                       ir.RankedTensorType(alloc.results[0].type).element_type)
+                empty = tensor.EmptyOp([next(dynamic) if t.is_dynamic_dim(i) else size
+                                        for i, size in enumerate(t.shape)], t.element_type)
             alloc.results[0].replace_all_uses_with(empty.result)
             alloc.erase()
             if _read(empty.result):
