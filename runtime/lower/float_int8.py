@@ -81,8 +81,10 @@ class _Emit:
                                    ip=self.ip).result
 
     def const(self, values: np.ndarray, element: ir.Type) -> ir.Value:
+        """A tosa.const of `values` as f32 or an integer type of 8, 16 or 32 bits."""
         t = ir.RankedTensorType.get(list(values.shape), element)
-        dtype = np.float32 if isinstance(element, ir.F32Type) else np.int32
+        dtype = np.float32 if isinstance(element, ir.F32Type) else {8: np.int8, 16: np.int16, 32: np.int32}[
+            ir.IntegerType(element).width]
         data = np.ascontiguousarray(values, dtype=dtype)
         return self.op("tosa.const", t, [], values=ir.DenseElementsAttr.get(data, type=t))
 
@@ -115,14 +117,7 @@ class _Emit:
         return self.cast(self.slice(x, axis, start, size), self.f32)
 
     def int8(self, values: list[int]) -> ir.Value:
-        t = ir.RankedTensorType.get([len(values)], ir.IntegerType.get_signless(8))
-        return self.op("tosa.const", t, [], values=ir.DenseElementsAttr.get(np.asarray(values, dtype=np.int8), type=t))
-
-    def zero_of(self, element: ir.IntegerType) -> ir.Value:
-        """A [1] zero of integer type `element` (a pad value)."""
-        t = ir.RankedTensorType.get([1], element)
-        dtype = {8: np.int8, 16: np.int16}[element.width]
-        return self.op("tosa.const", t, [], values=ir.DenseElementsAttr.get(np.zeros(1, dtype=dtype), type=t))
+        return self.const(np.asarray(values), ir.IntegerType.get_signless(8))
 
     def zero(self, element: ir.Type, shape: list[int]) -> ir.Value:
         return self.const(np.zeros(shape), element)
@@ -164,11 +159,7 @@ def _dot_operand(emit: _Emit, x: ir.Value, dot: Dot) -> ir.Value:
     """int8 `x` as the instruction reads it: its bytes unsigned (+ 128, the sign bit flipped), or
     sign-extended to the instruction's element type."""
     if dot.unsigned:
-        i8 = ir.IntegerType.get_signless(8)
-        rank = ir.RankedTensorType(x.type).rank
-        sign_t = ir.RankedTensorType.get([1] * rank, i8)
-        sign = emit.op("tosa.const", sign_t, [], values=ir.DenseElementsAttr.get(
-            np.full([1] * rank, -128, dtype=np.int8), type=sign_t))
+        sign = emit.const(np.full([1] * ir.RankedTensorType(x.type).rank, -128), ir.IntegerType.get_signless(8))
         return emit.op("tosa.bitwise_xor", x.type, [x, sign])
     if dot.element == 8:
         return x
@@ -177,9 +168,7 @@ def _dot_operand(emit: _Emit, x: ir.Value, dot: Dot) -> ir.Value:
 
 def _packed(emit: _Emit, b: np.ndarray, dot: Dot) -> ir.Value:
     """The constant [K, N] int8 `b` as `int8_dot.pack` lays it out for `dot`."""
-    packed = int8_dot.pack(b, dot)
-    t = ir.RankedTensorType.get(list(packed.shape), ir.IntegerType.get_signless(dot.element))
-    return emit.op("tosa.const", t, [], values=ir.DenseElementsAttr.get(packed, type=t))
+    return emit.const(int8_dot.pack(b, dot), ir.IntegerType.get_signless(dot.element))
 
 
 def _correction(emit: _Emit, sums: np.ndarray, dot: Dot, shape: list[int]) -> ir.Value | None:
@@ -202,7 +191,7 @@ def _dot_matmul(op: ir.Operation, emit: _Emit, a: ir.Value, b: np.ndarray, dot: 
                    [_dot_operand(emit, a, dot), emit.shape([m, k])])
     if g * kg != k:
         flat = emit.op("tosa.pad", ir.RankedTensorType.get([m, g * kg], element),
-                       [flat, emit.shape([0, 0, 0, g * kg - k]), emit.zero_of(element)])
+                       [flat, emit.shape([0, 0, 0, g * kg - k]), emit.zero(element, [1])])
     result = ir.RankedTensorType(op.results[0].type)
     name = f"torchtosa_{dot.name}_{m}x{kg}x{n}"
     _insert_kernel(op, name, int8_dot.kernel(name, dot, rows, m, kg, n), dot)
