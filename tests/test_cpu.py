@@ -18,11 +18,11 @@ from test_generator import check_message, write
 from test_library import run
 
 import torchtosa
-from generator.cpus import load_cpus
+from generator.cpus import INT8_DOT, load_cpus
 from generator.source import SpecError
 from torchtosa import cpu as cpus
 from torchtosa.execute import native, toolchain
-from torchtosa.lower import pipeline
+from torchtosa.lower import int8_dot, pipeline
 from torchtosa.lower.tiles import COLUMN_VECTORS, MAX_ACCUMULATORS, derive
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -189,6 +189,11 @@ def test_register_tiles_do_not_spill(name: str, tmp_path: Path) -> None:
     tile_loops = [lines for lines in blocks.values() if sum(("vfmadd" in x or "fmla" in x) for x in lines) >= 8]
     assert tile_loops, "no register tile's loop found"
     assert not [x for lines in tile_loops for x in lines if "Spill" in x or "Reload" in x]
+
+
+def test_every_int8_dot_product_the_table_allows_has_a_kernel() -> None:
+    """The generator's choices of `int8_dot` and lower/int8_dot.py's instructions are one set."""
+    assert set(INT8_DOT) - {"none"} == set(int8_dot.DOTS)
 
 
 def test_the_table_renders_deterministically() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from mlir import ir
+from test_float_int8 import constant_weight_matmul
 from torch import nn
 
 from torchtosa import Unsupported, cpu
@@ -119,25 +120,13 @@ def test_parallel_is_refused_for_another_architecture(tmp_path: Path) -> None:
         library.build(program, params, tmp_path / "mlp.so", opt="parallel", cpu=cpu.table()[ARM[0]])
 
 
-def _int8_matmul(m: int, k: int, n: int, weight: torch.Tensor) -> Program:
-    """TOSA: an int8 [1, m, k] input times the constant int8 weight [n, k] (transposed, as a
-    frozen nn.Linear's), i32 out."""
-    a_t, out_t, w_t = f"tensor<1x{m}x{k}xi8>", f"tensor<1x{m}x{n}xi32>", f"tensor<{n}x{k}xi8>"
-    t_t, b_t = f"tensor<{k}x{n}xi8>", f"tensor<1x{k}x{n}xi8>"
-    hexed = weight.contiguous().numpy().tobytes().hex().upper()
-    src = f"""
-    func.func @forward(%a: {a_t}) -> {out_t} {{
-      %z = "tosa.const"() {{values = dense<0> : tensor<1xi8>}} : () -> tensor<1xi8>
-      %w = "tosa.const"() {{values = dense<"0x{hexed}"> : {w_t}}} : () -> {w_t}
-      %t = tosa.transpose %w {{perms = array<i32: 1, 0>}} : ({w_t}) -> {t_t}
-      %s = tosa.const_shape {{values = dense<[1, {k}, {n}]> : tensor<3xindex>}} : () -> !tosa.shape<3>
-      %b = tosa.reshape %t, %s : ({t_t}, !tosa.shape<3>) -> {b_t}
-      %r = tosa.matmul %a, %b, %z, %z : ({a_t}, {b_t}, tensor<1xi8>, tensor<1xi8>) -> {out_t}
-      return %r : {out_t}
-    }}"""
+def _int8_matmul(m: int, weight: torch.Tensor) -> Program:
+    """The program of `test_float_int8.constant_weight_matmul`: [1, m, K] int8 times the
+    constant weight [N, K], i32 out."""
+    n, k = weight.shape
     context = ir.Context()
-    return Program(ir.Module.parse(src, context=context), context, [TensorSpec((1, m, k), torch.int8)],
-                   [TensorSpec((1, m, n), torch.int32)])
+    return Program(ir.Module.parse(constant_weight_matmul(weight, m), context=context), context,
+                   [TensorSpec((1, m, k), torch.int8)], [TensorSpec((1, m, n), torch.int32)])
 
 
 @pytest.mark.parametrize("entry", ARM)
@@ -152,7 +141,7 @@ def test_int8_dot_product_kernels_match_eager_under_qemu(entry: str, tmp_path: P
     weight = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
     a[0, 0], weight[0] = -128, -128  # the largest product, 70 times
     c = cpu.table()[entry]
-    lib = library.build(_int8_matmul(m, k, n, weight), [], tmp_path / "int8.so", name="int8", cpu=c)
+    lib = library.build(_int8_matmul(m, weight), [], tmp_path / "int8.so", name="int8", cpu=c)
     text = toolchain.run([toolchain.llvm_tool("llvm-objdump"), "-d", str(lib.path)])
     assert ("\tsdot\t" in text) == (c.int8_dot == "asimddp")
     (got,) = _run_under_qemu(lib, (a,), tmp_path)

@@ -53,6 +53,24 @@ def zp(name: str, value: int) -> str:
     return f'%{name} = "tosa.const"() {{values = dense<{value}> : tensor<1xi8>}} : () -> tensor<1xi8>'
 
 
+def constant_weight_matmul(w: torch.Tensor, m: int, za: int = 0) -> str:
+    """TOSA: an int8 [1, m, K] input (zero point `za`) times the constant int8 weight `w` [N, K]
+    transposed and reshaped, as a frozen nn.Linear's; i32 out."""
+    n, k = w.shape
+    a_t, out_t = ttype((1, m, k), "i8"), ttype((1, m, n), "i32")
+    return f"""
+    func.func @forward(%a: {a_t}) -> {out_t} {{
+      {zp("za", za)}
+      {zp("zb", 0)}
+      %w = "tosa.const"() {{values = {dense(w)} : {ttype((n, k), "i8")}}} : () -> {ttype((n, k), "i8")}
+      %t = tosa.transpose %w {{perms = array<i32: 1, 0>}} : ({ttype((n, k), "i8")}) -> {ttype((k, n), "i8")}
+      %s = tosa.const_shape {{values = dense<[1, {k}, {n}]> : tensor<3xindex>}} : () -> !tosa.shape<3>
+      %b = tosa.reshape %t, %s : ({ttype((k, n), "i8")}, !tosa.shape<3>) -> {ttype((1, k, n), "i8")}
+      %r = tosa.matmul %a, %b, %za, %zb : ({a_t}, {ttype((1, k, n), "i8")}, tensor<1xi8>, tensor<1xi8>) -> {out_t}
+      return %r : {out_t}
+    }}"""
+
+
 def compile_all(src: str, inputs: list[TensorSpec], outputs: list[TensorSpec],
                 cpu: Cpu | None = None) -> list[NativeFunction]:
     with ir.Context():
@@ -146,18 +164,7 @@ def test_matmul_constant_weight_is_exact(m: int, k: int, n: int, za: int, dot: s
     tile's, a last panel of one vector, K padded to a multiple of the instruction's group);
     otherwise an f32 constant in the layout the matmul reads. No int8 constant is left either way."""
     w = (aligned_values if k > EXACT_TERMS else int8_values)((n, k), 3)
-    a_t, out_t = ttype((1, m, k), "i8"), ttype((1, m, n), "i32")
-    src = f"""
-    func.func @forward(%a: {a_t}) -> {out_t} {{
-      {zp("za", za)}
-      {zp("zb", 0)}
-      %w = "tosa.const"() {{values = {dense(w)} : {ttype((n, k), "i8")}}} : () -> {ttype((n, k), "i8")}
-      %t = tosa.transpose %w {{perms = array<i32: 1, 0>}} : ({ttype((n, k), "i8")}) -> {ttype((k, n), "i8")}
-      %s = tosa.const_shape {{values = dense<[1, {k}, {n}]> : tensor<3xindex>}} : () -> !tosa.shape<3>
-      %b = tosa.reshape %t, %s : ({ttype((k, n), "i8")}, !tosa.shape<3>) -> {ttype((1, k, n), "i8")}
-      %r = tosa.matmul %a, %b, %za, %zb : ({a_t}, {ttype((1, k, n), "i8")}, tensor<1xi8>, tensor<1xi8>) -> {out_t}
-      return %r : {out_t}
-    }}"""
+    src = constant_weight_matmul(w, m, za)
     target = entry(dot)
     kernel = int8_dot.for_cpu(target)
     lowered = rewritten(src, target)
