@@ -36,12 +36,13 @@ REQUIRED = ("doc", "arch", "llvm_cpu", "features", "vector", "fma_units", "cache
 FEATURES = {
     "x86_64": {"sse4_2", "sse4a", "avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "avx512f", "avx512bw",
                "avx512cd", "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx512ifma",
-               "avx512vbmi", "avx512_vp2intersect", "avx_vnni", "movdiri", "movdir64b", "amx_tile", "amx_int8",
-               "amx_bf16"},
+               "avx512vbmi", "avx512_vp2intersect", "avx_vnni", "movdiri", "movdir64b", "gfni", "vaes", "vpclmulqdq",
+               "amx_tile", "amx_int8", "amx_bf16"},
     "aarch64": {"asimd", "asimddp", "asimdhp", "fphp", "sve", "sve2", "i8mm", "bf16", "svei8mm", "svebf16"},
 }
 INT8_DOT = {"none": {"x86_64": set(), "aarch64": set()}, "avx512_vnni": {"x86_64": {"avx512_vnni"}},
-            "avx512bw": {"x86_64": {"avx512bw"}}, "avx2": {"x86_64": {"avx2"}}, "asimddp": {"aarch64": {"asimddp"}}}
+            "avx_vnni": {"x86_64": {"avx_vnni"}}, "avx512bw": {"x86_64": {"avx512bw"}},
+            "avx2": {"x86_64": {"avx2"}}, "asimddp": {"aarch64": {"asimddp"}}}
 VECMATH = {"none": {"x86_64": set(), "aarch64": set()}, "avx2": {"x86_64": {"avx2"}},
            "avx512": {"x86_64": {"avx512f"}}}
 BF16_ROUND = {"integer": {"x86_64": set(), "aarch64": set()}, "avx512_bf16": {"x86_64": {"avx512_bf16"}},

@@ -4,8 +4,10 @@ instruction, for the optimizing pipeline.
 The instructions (`DOTS`, one per value of the CPU table's `int8_dot`) add to each 32-bit lane
 the sum of `group` products of consecutive k, exactly in i32:
 
-- avx512_vnni: `vpdpbusd`, 4 products of an unsigned byte of its first source and a signed byte
-  of its second, added to its accumulator: 64 multiply-adds per instruction, 4x an f32 FMA's. With
+- avx512_vnni and avx_vnni: `vpdpbusd` (512 bit; AVX-VNNI's VEX form, 256 bit, on cores without
+  AVX-512 such as Intel's Alder Lake), 4 products of an unsigned byte of its first source and a
+  signed byte of its second, added to its accumulator: 64 (32) multiply-adds per instruction, 4x
+  an f32 FMA's. With
   the first operand made unsigned (a + 128, a bitwise xor of its sign bit),
 
       sum_k a[k] * b[k] = sum_k (a[k] + 128) * b[k] - 128 * sum_k b[k]
@@ -91,6 +93,7 @@ class Dot:
 
 DOTS = {d.name: d for d in (
     Dot("avx512_vnni", 512, 4, "llvm.x86.avx512.vpdpbusd.512", accumulates=True, unsigned=True),
+    Dot("avx_vnni", 256, 4, "llvm.x86.avx512.vpdpbusd.256", accumulates=True, unsigned=True),
     Dot("avx512bw", 512, 2, "llvm.x86.avx512.pmaddw.d.512", accumulates=False, unsigned=False),
     Dot("avx2", 256, 2, "llvm.x86.avx2.pmadd.wd", accumulates=False, unsigned=False),
     Dot("asimddp", 128, 4, "llvm.aarch64.neon.sdot.v4i32.v16i8", accumulates=True, unsigned=False),
