@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import sympy
 import torch
 from mlir import ir
 from test_schedule import _allocated
@@ -19,6 +20,7 @@ from torch import nn
 
 import torchtosa
 from torchtosa.api import CACHE
+from torchtosa.capture import symbolic
 from torchtosa.execute import native as execute
 from torchtosa.lower import pipeline, schedule
 
@@ -238,3 +240,36 @@ def test_contractions_of_run_time_sizes_start_from_zero_in_registers(name: str,
     build, make, dims = CASES[name]
     _run(build(), make, dims, [7, 33], "default")
     assert zeroed and not any(zeroed)
+
+
+def test_reshapes_of_run_time_sizes_are_regrouped_dims() -> None:
+    """`symbolic.reassociation`: the groups of dims a reshape of symbolic sizes collapses or
+    expands, each a pair of equal products; None where no grouping proves it (a swap of sizes)."""
+    b, s = sympy.symbols("s0 s1", positive=True, integer=True)
+    cases = [
+        ((b, s, 256), (b, s * 4, 64), [([0], [0]), ([1, 2], [1, 2])]),  # heads split: collapse, expand
+        ((b * 4, s, 64), (b, 4, s, 64), [([0], [0, 1]), ([1], [2]), ([2], [3])]),
+        ((b, 4, s, 64), (b * 4, s, 64), [([0, 1], [0]), ([2], [1]), ([3], [2])]),
+        ((1, b, s), (b, s, 1), [([0, 1], [0]), ([2], [1, 2])]),  # unit dims join a group
+        ((b * s, 768), (b, s, 768), [([0], [0, 1]), ([1], [2])]),
+        ((b, 4), (4, b), None),
+        ((b, s), (s, b), None),
+        ((b, 6), (b, 4), None),
+    ]
+    for source, target, groups in cases:
+        assert symbolic.reassociation(source, target) == groups, (source, target)
+
+
+def test_attention_heads_of_run_time_sizes_are_views(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An attention's head split and merge with a run-time batch and sequence are
+    tensor.expand_shape / collapse_shape, not tensor.reshape (a copy to elementwise fusion):
+    its two matmuls fuse with their transposes and the softmax as with static sizes, leaving
+    the two projections' batch matmuls (there were four, and a dynamic encoder layer ran ~4% slower)."""
+    seen = _spy(monkeypatch, _ops, until="unit-dims")
+    torch.manual_seed(0)
+    attention = nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    _run(lambda x: attention(x, x, x, need_weights=False)[0], lambda n: (torch.randn(n % 3 + 2, n, 32),),
+         [(0, 0), (0, 1)], [7, 33], "default")
+    assert seen
+    for ops in seen:
+        assert ops.count("linalg.batch_matmul?") == 2, ops

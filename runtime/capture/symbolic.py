@@ -40,8 +40,10 @@ Dim = int | torch.SymInt
 Size = int | sympy.Expr  # a dim of a TensorSpec: an int or an expression in the graph's symbols
 
 
-def expr(d: Dim) -> sympy.Expr:
+def expr(d: Dim | sympy.Expr) -> sympy.Expr:
     """A dim as a sympy expression, with the ShapeEnv's replacements applied."""
+    if isinstance(d, sympy.Expr):
+        return d
     if isinstance(d, torch.SymInt):
         node = d.node
         return node.shape_env.simplify(node.expr) if node.shape_env is not None else node.expr
@@ -85,6 +87,43 @@ def same(a: Dim, b: Dim, guard: bool = False) -> bool:
     if statically_known_true(a == b):
         return True
     return guard and bool(sym_eq(a, b))
+
+
+Groups = list[tuple[list[int], list[int]]]  # (source dims, target dims) of a reshape, in order
+
+
+def reassociation(source: Sequence[Dim | sympy.Expr], target: Sequence[Dim | sympy.Expr]) -> Groups | None:
+    """A reshape of `source` sizes to `target` sizes as consecutive groups of dims, (source dims,
+    target dims) of provably equal products, in order: what tensor.collapse_shape and
+    expand_shape take; None if the reshape is not one (the sizes, symbolic, don't tell).
+    A group grows on the side whose product divides the other's (as polynomials with integer
+    coefficients); unit dims left at either end join the last group."""
+    src, dst = [expr(d) for d in source], [expr(d) for d in target]
+
+    def divides(a: sympy.Expr, b: sympy.Expr) -> bool:
+        return sympy.fraction(sympy.cancel(b / a))[1] == 1
+
+    groups: Groups = []
+    i = j = 0
+    while i < len(src) and j < len(dst):
+        grown = ([i], [j])
+        ps, pt = src[i], dst[j]
+        i, j = i + 1, j + 1
+        while sympy.expand(ps - pt) != 0:
+            if i < len(src) and divides(ps, pt):
+                ps, i = ps * src[i], i + 1
+                grown[0].append(i - 1)
+            elif j < len(dst) and divides(pt, ps):
+                pt, j = pt * dst[j], j + 1
+                grown[1].append(j - 1)
+            else:
+                return None
+        groups.append(grown)
+    if not groups or any(d != 1 for d in src[i:] + dst[j:]):
+        return None
+    groups[-1][0].extend(range(i, len(src)))
+    groups[-1][1].extend(range(j, len(dst)))
+    return groups
 
 
 def same_shape(a: Sequence[Dim], b: Sequence[Dim], guard: bool = False) -> bool:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import sympy
 import torch
 from mlir import ir
 from mlir.dialects import arith, linalg
@@ -81,6 +82,12 @@ def wrapped_dtype(value: bool | int | float) -> torch.dtype:
 def tensor_type(shape: Sequence[Dim], dtype: torch.dtype, i1: bool = False) -> ir.RankedTensorType:
     """The MLIR type of a tensor; a symbolic dim is `?`."""
     return ir.RankedTensorType.get(symbolic.mlir_dims(shape), element_type(dtype, i1))
+
+
+def _groups_attr(groups: Any) -> ir.ArrayAttr:
+    """A reassociation: the dims of each group."""
+    i64 = ir.IntegerType.get_signless(64)
+    return ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, d) for d in g]) for g in groups])
 
 
 @dataclass(frozen=True)
@@ -323,6 +330,29 @@ class Builder:
         out = self.create("tosa.pad", [flat, self.const_shape(amounts), pad_const], {}, padded, t.dtype)
         return self.reshape(out, shape)
 
+    def _regroup(self, t: Tensor, groups: symbolic.Groups, shape: tuple[Dim, ...], dtype: torch.dtype) -> Tensor:
+        """`t` reshaped to `shape` by its `groups` (`symbolic.reassociation`): tensor.collapse_shape
+        where each group ends in one dim, expand_shape where each starts from one, else the one
+        after the other. Unlike tensor.reshape these are views that elementwise fusion moves
+        through (an attention's heads stay in its matmuls' loops, as with static sizes)."""
+        value, have = t.value, t.shape
+        if any(len(source) > 1 for source, _ in groups):
+            have = tuple(math.prod((symbolic.expr(t.shape[i]) for i in source), start=sympy.Integer(1))
+                         for source, _ in groups)
+            have = tuple(static(d) if static(d) is not None else d for d in have)
+            value = ir.Operation.create("tensor.collapse_shape", results=[tensor_type(have, dtype)], operands=[value],
+                                        attributes={"reassociation": _groups_attr(source for source, _ in groups)}
+                                        ).result
+        if tuple(have) != shape:
+            dynamic = ir.ShapedType.get_dynamic_size()
+            value = ir.Operation.create(
+                "tensor.expand_shape", results=[tensor_type(shape, dtype)],
+                operands=[value, *(self.index(d) for d in shape if static(d) is None)],
+                attributes={"reassociation": _groups_attr(target for _, target in groups),
+                            "static_output_shape": ir.DenseI64ArrayAttr.get(
+                                [dynamic if static(d) is None else static(d) for d in shape])}).result
+        return Tensor(value, shape, dtype)
+
     def _check_narrowed(self, aim: target.Target, name: str, out: Tensor) -> None:
         """An int64 value held in i32 must provably fit it."""
         b = bounds.of(out.value, target.memo())
@@ -346,6 +376,11 @@ class Builder:
                 op = ir.Operation.create("tosa.reshape", results=[tensor_type(shape, dtype)],
                                          operands=[source.value, self._const_shape(dims)])
                 return Tensor(op.result, shape, dtype)
+            groups = symbolic.reassociation(source.shape, new)
+            # memref.expand_shape's lowering (expand-strided-metadata) takes at most one dynamic
+            # size per group (it asserts otherwise: the process aborts)
+            if groups is not None and all(sum(static(new[i]) is None for i in target) <= 1 for _, target in groups):
+                return self._regroup(source, groups, tuple(new), dtype)
             sizes = [self.index(d) for d in new]
             kind = ir.RankedTensorType.get([len(new)], ir.IndexType.get())
             spec = ir.Operation.create("tensor.from_elements", results=[kind], operands=sizes).result
