@@ -335,15 +335,16 @@ class Builder:
         where each group ends in one dim, expand_shape where each starts from one, else the one
         after the other. Unlike tensor.reshape these are views that elementwise fusion moves
         through (an attention's heads stay in its matmuls' loops, as with static sizes)."""
-        value, have = t.value, t.shape
+        value = t.value
+        expands = any(len(target) > 1 for _, target in groups)
         if any(len(source) > 1 for source, _ in groups):
-            have = tuple(math.prod((symbolic.expr(t.shape[i]) for i in source), start=sympy.Integer(1))
-                         for source, _ in groups)
-            have = tuple(static(d) if static(d) is not None else d for d in have)
-            value = ir.Operation.create("tensor.collapse_shape", results=[tensor_type(have, dtype)], operands=[value],
+            collapsed = shape if not expands else tuple(
+                math.prod((symbolic.expr(t.shape[i]) for i in source), start=sympy.Integer(1)) for source, _ in groups)
+            value = ir.Operation.create("tensor.collapse_shape", results=[tensor_type(collapsed, dtype)],
+                                        operands=[value],
                                         attributes={"reassociation": _groups_attr(source for source, _ in groups)}
                                         ).result
-        if tuple(have) != shape:
+        if expands:
             dynamic = ir.ShapedType.get_dynamic_size()
             value = ir.Operation.create(
                 "tensor.expand_shape", results=[tensor_type(shape, dtype)],
