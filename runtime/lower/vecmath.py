@@ -106,8 +106,10 @@ def _probe(width: int, variant: str) -> bool:
 
 
 def use_vector_library(module: ir.Module, cpu: Cpu) -> None:
-    """Replace every math op of `FUNCTIONS` on a 1-D vector of f32 (f64) whose length is a
-    multiple of a register of `cpu`'s libmvec variant by libmvec calls, one per register-sized slice."""
+    """Replace every math op of `FUNCTIONS` on a 1-D vector of f32 (f64) of 2 lanes or more by
+    libmvec calls on register-sized slices of `cpu`'s variant, the last one padded with zeros
+    where the length is not a multiple of a register (LLVM would make a libm call per lane of a
+    vector<28xf32>, the rows of a 28 x 28 image: a SiLU 6x slower than eager's)."""
     variant = cpu.vecmath
     found = find_ops(module, lambda op: op.name in FUNCTIONS and _lanes(op.operands[0].type, variant) is not None)
     if not found:
@@ -128,11 +130,19 @@ def use_vector_library(module: ir.Module, cpu: Cpu) -> None:
                 source = op.operands[0]
                 if t.shape[0] == n:
                     result = _call(name, source)
-                else:  # one call per register-sized slice
+                else:  # one call per register-sized slice, the last padded
                     result = _zeros(t)
                     for start in range(0, t.shape[0], n):
-                        part = vector.ExtractStridedSliceOp(register, source, [start], [n], [1]).result
-                        result = vector.InsertStridedSliceOp(_call(name, part), result, [start], [1]).result
+                        size = min(n, t.shape[0] - start)
+                        if size == n:
+                            part = vector.ExtractStridedSliceOp(register, source, [start], [n], [1]).result
+                            result = vector.InsertStridedSliceOp(_call(name, part), result, [start], [1]).result
+                            continue
+                        tail = ir.VectorType.get([size], t.element_type)
+                        part = vector.ExtractStridedSliceOp(tail, source, [start], [size], [1]).result
+                        padded = vector.InsertStridedSliceOp(part, _zeros(register), [0], [1]).result
+                        value = vector.ExtractStridedSliceOp(tail, _call(name, padded), [0], [size], [1]).result
+                        result = vector.InsertStridedSliceOp(value, result, [start], [1]).result
             op.results[0].replace_all_uses_with(result)
             op.erase()
 
@@ -144,8 +154,7 @@ def _lanes(t: ir.Type, variant: str) -> int | None:
     element = t.element_type
     if not isinstance(element, ir.F32Type | ir.F64Type):
         return None
-    n = lanes(variant, ir.FloatType(element).width)
-    return n if t.shape[0] % n == 0 else None
+    return lanes(variant, ir.FloatType(element).width) if t.shape[0] > 1 else None
 
 
 def _call(name: str, register: ir.Value) -> ir.Value:

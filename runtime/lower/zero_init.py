@@ -112,10 +112,32 @@ def _read(value: ir.Value) -> bool:
 
 def _read_after(result: ir.Value) -> bool:
     """Whether a loop that starts from a loop's result (a remainder of the same tiles) reads
-    what it has not written; the result's other users see the whole output written."""
+    what it has not written, or a tile is read from a slice of the result (the columns after
+    whole panels, `schedule._column_panels`, which the panels' loop does not write); the
+    result's other users see the whole output written."""
     return any(_read(use.owner.regions[0].blocks[0].arguments[use.operand_number - 2])
                or _read_after(use.owner.results[use.operand_number - 3])
-               for use in result.uses if use.owner.name == "scf.for" and use.operand_number >= 3)
+               for use in result.uses if use.owner.name == "scf.for" and use.operand_number >= 3) \
+        or any(_tile_read(use.owner.results[0]) for use in result.uses
+               if use.owner.name in ("tensor.extract_slice", "tensor.cast"))
+
+
+def _tile_read(value: ir.Value, seeded: bool = False) -> bool:
+    """Whether tiles read `value` as their accumulators: it (through slices and casts) starts an
+    scf.for's loop-carried tensor (`seeded`), and a vector.transfer_read reads that, or a slice
+    of it, or of the loop's result. (A consumer reading slices of `value` directly reads what
+    was written.)"""
+    for use in value.uses:
+        owner = use.owner
+        if owner.name == "vector.transfer_read" and seeded:
+            return True
+        if owner.name in ("tensor.extract_slice", "tensor.cast") and _tile_read(owner.results[0], seeded):
+            return True
+        if owner.name == "scf.for" and use.operand_number >= 3 and (
+                _tile_read(owner.regions[0].blocks[0].arguments[use.operand_number - 2], True)
+                or _tile_read(owner.results[use.operand_number - 3], True)):
+            return True
+    return False
 
 
 def _final(filled: ir.Value) -> ir.Value:
@@ -139,7 +161,7 @@ def _accumulated(value: ir.Value) -> bool:
 
 
 def _root(value: ir.Value, name: str) -> ir.Operation | None:
-    """The op named `name` that `value` is (a slice of), through tensor.extract_slice and the
+    """The op named `name` that `value` is (a slice of), through tensor.extract_slice, tensor.cast and the
     initial values of scf.for loop-carried tensors, loop results and writes (a remainder's
     tiles, disjoint from the whole ones, start from their result); None if it comes from
     anything else."""
@@ -156,9 +178,10 @@ def _root(value: ir.Value, name: str) -> ir.Operation | None:
         op = value.owner
         if op.name == name:
             return op
-        if op.name not in ("tensor.extract_slice", *_WRITES):
+        if op.name not in ("tensor.extract_slice", "tensor.cast", *_WRITES):
             return None
-        value = op.operands[0 if op.name == "tensor.extract_slice" else 1]
+        # a cast: a peeled remainder's tiles, of static sizes, typed as of run-time ones
+        value = op.operands[0 if op.name in ("tensor.extract_slice", "tensor.cast") else 1]
 
 
 def _zero(value: ir.Value) -> bool:
