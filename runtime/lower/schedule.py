@@ -1161,6 +1161,9 @@ def _plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
     if op.name == _DEPTHWISE:  # loops (n, oh, ow, c, kh, kw), static
         _, _, ow, c, _, _ = loops
         sizes = (1, 1, _divisor(ow, t.depthwise[0]), _lanes_divisor(c, t.depthwise[1], t.lanes), 1, 1)
+        if sizes[3] & (sizes[3] - 1):  # 300 channels by 30: loop-carried vector<8x30xf32> sums in scalars
+            sizes = (*sizes[:3], min(t.depthwise[1], 1 << c.bit_length() - 1), 1, 1)
+            return sizes, tuple(order), (3,), (3,)  # by a power of two, the rest by the powers below
         return sizes, tuple(order), (), ()
     sizes = [1] * len(loops)
     dot = _dot_loops(op)
