@@ -1152,12 +1152,16 @@ def _plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
     order = list(range(len(loops)))
     if op.name in _DENSE:  # a dynamic output width gets tiles of 1 (no masked 1-D convolutions)
         n, _, ow, f, _, _, _ = loops
+        tf = _column_divisor(f, columns)
+        ragged = (3,) if tf & (tf - 1) else ()  # by a power of two, the rest by the powers below, as
+        if ragged:  # a matmul's columns (61 channels, or the 29 after a panel of 32: vector<8x29xf32>)
+            tf = min(columns, 1 << f.bit_length() - 1)
         if _batch_rows(n, ow, rows):
-            return (_divisor(n, rows), 1, 1, _column_divisor(f, columns), 1, 1, 1), tuple(order), (), ()
-        sizes = (1, 1, 1 if ow is None else _divisor(ow, rows), _column_divisor(f, columns), 1, 1, 1)
+            return (_divisor(n, rows), 1, 1, tf, 1, 1, 1), tuple(order), ragged, ragged
+        sizes = (1, 1, 1 if ow is None else _divisor(ow, rows), tf, 1, 1, 1)
         if _peel_rows(ow, rows):  # rows of the output width: the remainder peeled, as a matmul's
-            return (1, 1, rows, *sizes[3:]), tuple(order), (2,), (2,)
-        return sizes, tuple(order), (), ()
+            return (1, 1, rows, *sizes[3:]), tuple(order), (2, *ragged), (2, *ragged)
+        return sizes, tuple(order), ragged, ragged
     if op.name == _DEPTHWISE:  # loops (n, oh, ow, c, kh, kw), static
         _, _, ow, c, _, _ = loops
         sizes = (1, 1, _divisor(ow, t.depthwise[0]), _lanes_divisor(c, t.depthwise[1], t.lanes), 1, 1)
