@@ -93,18 +93,27 @@ def _refill(empty: ir.Operation) -> None:
 _WRITES = ("vector.transfer_write", "tensor.insert_slice")  # operand 1: the tensor written into
 
 
-def _read(value: ir.Value) -> bool:
+def _read(value: ir.Value, written: bool = False) -> bool:
     """Whether anything reads `value`'s undefined contents: a use, through slices, writes into
-    it and loop-carried values, other than a write or a yield."""
+    it and loop-carried values, other than a write or a yield. Once a slice has been written
+    (`written`: after a write's result, outside the loops that write tiles), a vector read that
+    starts no loop's accumulators is a consumer's read of what was written (an epilogue reading
+    a row of 24 columns after a panel of 16 and the 8 beside it were inserted, AVX2)."""
     for use in value.uses:
         owner = use.owner
-        if owner.name == "tensor.extract_slice" or (owner.name in _WRITES and use.operand_number == 1):
-            if _read(owner.results[0]):
+        if owner.name in ("tensor.extract_slice", "tensor.cast"):
+            if _read(owner.results[0], written):
+                return True
+        elif (owner.name in _WRITES and use.operand_number == 1) or owner.name == "tensor.insert_slice":
+            if _read(owner.results[0], True):  # written into, or (a slice's tiles) inserted back
                 return True
         elif owner.name == "scf.for" and use.operand_number >= 3:
             index = use.operand_number - 3
-            if _read(owner.regions[0].blocks[0].arguments[index + 1]) or _read_after(owner.results[index]):
+            if _read(owner.regions[0].blocks[0].arguments[index + 1], written) or _read_after(owner.results[index]):
                 return True
+        elif owner.name == "vector.transfer_read" and written \
+                and not any(u.owner.name == "scf.for" for u in owner.results[0].uses):
+            continue
         elif owner.name != "scf.yield":
             return True
     return False
