@@ -56,7 +56,7 @@ def zero_accumulators(module: ir.Module) -> None:
     with module.context, ir.Location.unknown():
         for read in find_ops(module, lambda op: op.name == "vector.transfer_read"):
             result = read.results[0]
-            root = _root(read.operands[0], ROOT)
+            root = _root(read.operands[0], ROOT, list(read.operands)[1:])
             if root is None or DROPPED not in root.attributes \
                     or not all(use.owner.name == "scf.for" for use in result.uses):
                 continue
@@ -169,11 +169,16 @@ def _accumulated(value: ir.Value) -> bool:
     return False
 
 
-def _root(value: ir.Value, name: str) -> ir.Operation | None:
+def _root(value: ir.Value, name: str, indices: list[ir.Value] | None = None) -> ir.Operation | None:
     """The op named `name` that `value` is (a slice of), through tensor.extract_slice, tensor.cast and the
     initial values of scf.for loop-carried tensors, loop results and writes (a remainder's
     tiles, disjoint from the whole ones, start from their result); None if it comes from
-    anything else."""
+    anything else.
+
+    With `indices` (a tile read's: its own, to which the slices' offsets on the way are added),
+    a loop-carried tensor leads on only where the slice read moves with the loop: a tile that
+    every iteration reads at the same place reads what the iteration before wrote (a reduction
+    loop whose accumulators were not hoisted into registers), not the fill."""
     while True:
         if isinstance(value, ir.OpResult) and value.owner.name == "scf.for":
             value = value.owner.operands[3 + value.result_number]
@@ -182,6 +187,8 @@ def _root(value: ir.Value, name: str) -> ir.Operation | None:
             loop = value.owner.owner
             if loop.name != "scf.for" or value.arg_number == 0 or ACCUMULATES in loop.attributes:
                 return None  # a chunk of k's tiles start from the sums of the chunks before it
+            if indices is not None and not any(_varies(v, loop) for v in indices):
+                return None
             value = loop.operands[2 + value.arg_number]  # lower, upper, step, then the initial values
             continue
         op = value.owner
@@ -189,8 +196,22 @@ def _root(value: ir.Value, name: str) -> ir.Operation | None:
             return op
         if op.name not in ("tensor.extract_slice", "tensor.cast", *_WRITES):
             return None
+        if indices is not None and op.name == "tensor.extract_slice":
+            indices = [*indices, *list(op.operands)[1:]]
         # a cast: a peeled remainder's tiles, of static sizes, typed as of run-time ones
         value = op.operands[0 if op.name in ("tensor.extract_slice", "tensor.cast") else 1]
+
+
+def _varies(value: ir.Value, loop: ir.Operation) -> bool:
+    """Whether `value` is computed from `loop`'s induction variable (within its body)."""
+    loop = loop.operation
+    if isinstance(value, ir.BlockArgument):
+        return value.owner.owner.operation == loop and value.arg_number == 0
+    op = value.owner.operation
+    inside = op.parent
+    while inside is not None and inside.operation != loop:
+        inside = inside.parent
+    return inside is not None and any(_varies(v, loop) for v in op.operands)
 
 
 def _zero(value: ir.Value) -> bool:
