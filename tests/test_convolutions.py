@@ -57,6 +57,37 @@ def test_depthwise_convolution_is_vectorized_along_channels() -> None:
     assert "vector.fma" in names
 
 
+GROUPED = [  # (in, out, kernel, stride, padding, dilation, groups, input size)
+    (56, 56, 3, 1, 1, 1, 7, (13, 11)),  # RegNet: groups of 8 channels, 8 outputs each
+    (32, 32, 3, 2, 1, 1, 4, (15, 15)),  # strided
+    (64, 128, 3, 1, 1, 1, 8, (9, 10)),  # 8 channels in, 16 out per group
+    (128, 128, 3, 1, 1, 1, 32, (7, 7)),  # ResNeXt 32x4d: 4 and 4
+    (24, 48, (3, 1), (2, 1), (0, 1), (2, 1), 6, (12, 9)),  # rectangular, dilated
+    (16, 8, 5, 1, 2, 1, 2, (10, 10)),  # more inputs than outputs per group
+    (12, 36, 1, 1, 0, 1, 3, (7, 7)),  # 1x1: a product and a sum by the time it is rewritten (eager's values only)
+]
+
+
+@pytest.mark.parametrize(("cin", "cout", "kernel", "stride", "padding", "dilation", "groups", "size"), GROUPED)
+def test_grouped_convolutions_are_batched_matmuls_over_taps(cin: int, cout: int, kernel: Any, stride: Any,
+                                                             padding: Any, dilation: Any, groups: int,
+                                                             size: tuple[int, int]) -> None:
+    """A grouped convolution (opdefs/conv.yaml: a depthwise convolution of multiplier O/G, summed
+    over each group's C/G channels) is a loop over its filter taps of batched matmuls over the
+    groups (`convolutions._grouped_as_matmuls`), vectorized: neither the depthwise form (plain
+    loops, 5-10x eager's time on a RegNet's groups of 8) nor its M times larger sum is left.
+    Eager's values, batch 2, with and without a bias."""
+    torch.manual_seed(cin + groups)
+    model = nn.Conv2d(cin, cout, kernel, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                      bias=cin % 3 == 0)
+    x = torch.randn(2, cin, *size)
+    if kernel != 1:
+        assert "linalg.depthwise_conv_2d_nhwc_hwcm" in _ops(model.eval(), x, stop_before="unit-dims")
+        names = _ops(model, x)
+        assert not any(n.startswith("linalg.") for n in names) and "vector.fma" in names, sorted(set(names))
+    _check(model, x)
+
+
 def test_padded_input_is_written_in_place() -> None:
     """The transpose before a padded convolution writes the interior of the padded buffer: no
     tensor.pad remains, so bufferization makes no strided copy into it."""

@@ -478,6 +478,12 @@ def test_columns_without_a_power_of_two_divisor_are_peeled() -> None:
     torch.testing.assert_close(torchtosa.compile(_Scores(), q, k)(q, k), _Scores()(q, k), rtol=1e-5, atol=1e-5)
 
 
+def _fma_widths(text: str) -> set[int]:
+    """The widths of the vectors the register tiles' products (vector.fma) of scheduled IR are on."""
+    fmas = [line for line in text.splitlines() if "vector.fma" in line]
+    return {int(w) for line in fmas for w in re.findall(r"vector<(?:\d+x)*(\d+)xf32>", line)}
+
+
 @pytest.mark.parametrize("cpu", [name for name in ("x86-64-v3", "x86-64-v4") if table()[name].runs_here])
 @pytest.mark.parametrize("n,rows", [(61, 37), (61, 13), (29, 37), (12, 37), (5, 13)])
 def test_column_remainders_are_tiles_of_powers_of_two(n: int, rows: int, cpu: str,
@@ -493,8 +499,7 @@ def test_column_remainders_are_tiles_of_powers_of_two(n: int, rows: int, cpu: st
     model = nn.Linear(300, n, bias=False).eval()
     x = torch.randn(rows, 300)
     text = str(_linalg(model, x, stop_before="bufferize"))
-    fmas = [line for line in text.splitlines() if "vector.fma" in line]  # the register tiles' products
-    widths = {int(w) for line in fmas for w in re.findall(r"vector<(?:\d+x)*(\d+)xf32>", line)}
+    widths = _fma_widths(text)
     assert widths and all(w & (w - 1) == 0 for w in widths), sorted(widths)
     with torch.no_grad():
         torch.testing.assert_close(torchtosa.compile(model, x)(x), model(x), rtol=1e-5, atol=1e-5)
@@ -593,8 +598,7 @@ def test_convolution_channels_without_whole_registers_are_tiles_of_powers_of_two
     conv = nn.Conv2d(channels, out, 3, stride=stride, padding=1, groups=groups, bias=groups == 1).eval()
     x = torch.randn(1, channels, 13, 13)
     text = str(_linalg(conv, x, stop_before="bufferize"))
-    fmas = [line for line in text.splitlines() if "vector.fma" in line]
-    widths = {int(w) for line in fmas for w in re.findall(r"vector<(?:\d+x)*(\d+)xf32>", line)}
+    widths = _fma_widths(text)
     assert widths and all(w & (w - 1) == 0 for w in widths), sorted(widths)
     with torch.no_grad():
         torch.testing.assert_close(torchtosa.compile(conv, x)(x), conv(x), rtol=1e-5, atol=1e-5)

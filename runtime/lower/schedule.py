@@ -1135,7 +1135,7 @@ def plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
     loops = _loop_sizes(op)
     if op.name != "linalg.generic" or any(loops[d] is None for d in odd):  # a dynamic one has a whole target tile
         return None
-    sizes = tuple(1 << (size.bit_length() - 1) if d in odd else size for d, size in enumerate(sizes))
+    sizes = tuple(_power_tile(size, size) if d in odd else size for d, size in enumerate(sizes))
     # peeled where the power of two leaves a remainder (144 in tiles of 24 -> of 16: none, and
     # peeling a loop without one fails)
     ragged = {d for d in odd if loops[d] % sizes[d]}
@@ -1161,7 +1161,7 @@ def _plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
         tf = _column_divisor(f, columns)
         ragged = (3,) if tf & (tf - 1) else ()  # by a power of two, the rest by the powers below, as
         if ragged:  # a matmul's columns (61 channels, or the 29 after a panel of 32: vector<8x29xf32>)
-            tf = min(columns, 1 << f.bit_length() - 1)
+            tf = _power_tile(f, columns)
         if _batch_rows(n, ow, rows):
             return (_divisor(n, rows), 1, 1, tf, 1, 1, 1), tuple(order), ragged, ragged
         sizes = (1, 1, 1 if ow is None else _divisor(ow, rows), tf, 1, 1, 1)
@@ -1172,7 +1172,7 @@ def _plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
         _, _, ow, c, _, _ = loops
         sizes = (1, 1, _divisor(ow, t.depthwise[0]), _lanes_divisor(c, t.depthwise[1], t.lanes), 1, 1)
         if sizes[3] & (sizes[3] - 1):  # 300 channels by 30: loop-carried vector<8x30xf32> sums in scalars
-            sizes = (*sizes[:3], min(t.depthwise[1], 1 << c.bit_length() - 1), 1, 1)
+            sizes = (*sizes[:3], _power_tile(c, t.depthwise[1]), 1, 1)
             return sizes, tuple(order), (3,), (3,)  # by a power of two, the rest by the powers below
         return sizes, tuple(order), (), ()
     sizes = [1] * len(loops)
@@ -1202,7 +1202,7 @@ def _plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
         partial = _partial(loops, sizes)
         halved = [m]  # loops whose remainder goes in tiles of the powers of two below the tile
         if _peel_columns(loops[n], columns):
-            sizes[n] = min(columns, 1 << loops[n].bit_length() - 1)
+            sizes[n] = _power_tile(loops[n], columns)
             partial = tuple(sorted((*partial, n)))
             halved.append(n)
         if _peel_rows(loops[m], rows):
@@ -1227,7 +1227,7 @@ def _plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
         # vector<56xf32> (or 48, 24) in scalars (a sum over H of [4, 32, 56, 56] 2.3x eager's
         # time); a power of two instead, the remainder in smaller powers of two (56: 32, 16, 8)
         last = len(loops) - 1
-        sizes[last] = 1 << min(loops[last], t.vector).bit_length() - 1
+        sizes[last] = _power_tile(loops[last], t.vector)
         if loops[last] % sizes[last]:
             return tuple(sizes), tuple(order), tuple(sorted((*_partial(loops, sizes), last))), (last,)
     return tuple(sizes), tuple(order), _partial(loops, sizes), ()
@@ -1776,6 +1776,12 @@ def _plain_body(op: ir.Operation) -> bool:
 def _divisor(n: int, target: int) -> int:
     """The largest divisor of `n` that is at most `target`."""
     return next(d for d in range(min(n, target), 0, -1) if n % d == 0)
+
+
+def _power_tile(n: int, target: int) -> int:
+    """The largest power of two that is at most `n` and `target`: the tile of a loop without a
+    divisor of whole registers, its remainder peeled in the powers of two below (`_Remainders`)."""
+    return 1 << min(n, target).bit_length() - 1
 
 
 def _lanes_divisor(n: int, target: int, lanes: int) -> int:
