@@ -951,36 +951,29 @@ def test_depthwise_convolutions_start_from_zero_in_registers() -> None:
         torch.testing.assert_close(torchtosa.compile(conv, x)(x), conv(x), rtol=1e-5, atol=1e-5)
 
 
-def test_a_tensor_of_a_dropped_fill_read_elsewhere_gets_its_fill_back() -> None:
-    """`zero_init.zero_accumulators` replaces only the reads that start a loop's accumulators;
-    any other read of the undefined tensor (none the schedule makes) gets a zero fill again,
-    so a change elsewhere can make code slower, never wrong."""
-    with context():
-        module = ir.Module.parse("""
-        func.func @f(%x: vector<4xf32>) -> tensor<8xf32> {
-          %c0 = arith.constant 0 : index
-          %c1 = arith.constant 1 : index
-          %c2 = arith.constant 2 : index
-          %pad = arith.constant 0.0 : f32
-          %t = bufferization.alloc_tensor() {torchtosa.dropped_fill} : tensor<8xf32>
-          %r = scf.for %i = %c0 to %c2 step %c1 iter_args(%acc = %t) -> (tensor<8xf32>) {
+DROPPED_FILL_READS = {
+    # a read that starts no loop's accumulators (none the schedule makes)
+    "elsewhere": """
             %v = vector.transfer_read %acc[%c0], %pad {in_bounds = [true]} : tensor<8xf32>, vector<4xf32>
-            %s = arith.addf %v, %x : vector<4xf32>
-            %w = vector.transfer_write %s, %acc[%c0] {in_bounds = [true]} : vector<4xf32>, tensor<8xf32>
-            scf.yield %w : tensor<8xf32>
-          }
-          return %r : tensor<8xf32>
-        }""")
-        zero_accumulators(module)
-        names = _ops(module)
-    assert "linalg.fill" in names and "vector.transfer_read" in names and "bufferization.alloc_tensor" not in names
+            %s = arith.addf %v, %x : vector<4xf32>""",
+    # a reduction loop's accumulators read inside an outer reduction loop (a filter row's loop around
+    # a filter tap's, accumulators not hoisted out of it): each iteration reads what the one before wrote
+    "inside its reduction loop": """
+            %v = vector.transfer_read %acc[%c0], %pad {in_bounds = [true]} : tensor<8xf32>, vector<4xf32>
+            %s = scf.for %kw = %c0 to %c3 step %c1 iter_args(%a = %v) -> (vector<4xf32>) {
+              %n = arith.addf %a, %x : vector<4xf32>
+              scf.yield %n : vector<4xf32>
+            }""",
+}
 
 
-def test_an_accumulator_read_inside_its_reduction_loop_is_not_a_start_from_zero() -> None:
-    """A tile read at the same place in every iteration of a loop reads what the iteration before
-    wrote: where the accumulators were not hoisted out of a reduction loop (a filter row's loop
-    around a filter tap's), `zero_accumulators` must not start them from zero at each iteration
-    (a depthwise convolution kept only its last filter row's products); the tensor gets its fill."""
+@pytest.mark.parametrize("read", sorted(DROPPED_FILL_READS))
+def test_a_tensor_of_a_dropped_fill_read_elsewhere_gets_its_fill_back(read: str) -> None:
+    """`zero_init.zero_accumulators` replaces only the reads that start a loop's accumulators
+    from zero; any other read of the undefined tensor gets a zero fill again, so a change
+    elsewhere can make code slower, never wrong. A tile read at the same place in every
+    iteration of a loop is no start from zero (a depthwise convolution whose accumulators were
+    hoisted out of its filter-tap loop only kept its last filter row's products)."""
     with context():
         module = ir.Module.parse("""
         func.func @f(%x: vector<4xf32>) -> tensor<8xf32> {
@@ -989,12 +982,8 @@ def test_an_accumulator_read_inside_its_reduction_loop_is_not_a_start_from_zero(
           %c3 = arith.constant 3 : index
           %pad = arith.constant 0.0 : f32
           %t = bufferization.alloc_tensor() {torchtosa.dropped_fill} : tensor<8xf32>
-          %r = scf.for %kh = %c0 to %c3 step %c1 iter_args(%acc = %t) -> (tensor<8xf32>) {
-            %v = vector.transfer_read %acc[%c0], %pad {in_bounds = [true]} : tensor<8xf32>, vector<4xf32>
-            %s = scf.for %kw = %c0 to %c3 step %c1 iter_args(%a = %v) -> (vector<4xf32>) {
-              %n = arith.addf %a, %x : vector<4xf32>
-              scf.yield %n : vector<4xf32>
-            }
+          %r = scf.for %i = %c0 to %c3 step %c1 iter_args(%acc = %t) -> (tensor<8xf32>) {""" \
+            + DROPPED_FILL_READS[read] + """
             %w = vector.transfer_write %s, %acc[%c0] {in_bounds = [true]} : vector<4xf32>, tensor<8xf32>
             scf.yield %w : tensor<8xf32>
           }
@@ -1002,7 +991,7 @@ def test_an_accumulator_read_inside_its_reduction_loop_is_not_a_start_from_zero(
         }""")
         zero_accumulators(module)
         names = _ops(module)
-    assert "linalg.fill" in names and "vector.transfer_read" in names, names
+    assert "linalg.fill" in names and "vector.transfer_read" in names and "bufferization.alloc_tensor" not in names
 
 
 def _hoisting(innermost: bool) -> Callable[[ir.Module], None]:
