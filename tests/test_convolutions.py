@@ -64,7 +64,8 @@ GROUPED = [  # (in, out, kernel, stride, padding, dilation, groups, input size)
     (128, 128, 3, 1, 1, 1, 32, (7, 7)),  # ResNeXt 32x4d: 4 and 4
     (24, 48, (3, 1), (2, 1), (0, 1), (2, 1), 6, (12, 9)),  # rectangular, dilated
     (16, 8, 5, 1, 2, 1, 2, (10, 10)),  # more inputs than outputs per group
-    (12, 36, 1, 1, 0, 1, 3, (7, 7)),  # 1x1: a product and a sum by the time it is rewritten (eager's values only)
+    (12, 36, 1, 1, 0, 1, 3, (7, 7)),  # 1x1: an elementwise product and a sum by the time it is rewritten
+    (128, 128, 1, 1, 0, 1, 4, (6, 9)),
 ]
 
 
@@ -83,8 +84,8 @@ def test_grouped_convolutions_are_batched_matmuls_over_taps(cin: int, cout: int,
     x = torch.randn(2, cin, *size)
     if kernel != 1:
         assert "linalg.depthwise_conv_2d_nhwc_hwcm" in _ops(model.eval(), x, stop_before="unit-dims")
-        names = _ops(model, x)
-        assert not any(n.startswith("linalg.") for n in names) and "vector.fma" in names, sorted(set(names))
+    names = _ops(model.eval(), x)
+    assert not any(n.startswith("linalg.") for n in names) and "vector.fma" in names, sorted(set(names))
     _check(model, x)
 
 

@@ -32,9 +32,10 @@
   nn.Conv2d: groups == channels) is linalg.depthwise_conv_2d_nhwc_hwc, which the schedule
   tiles over (output column, channel) and vectorizes along the channels (`schedule.plan`).
 - A grouped convolution (1 < groups < channels: a depthwise convolution of multiplier O/G whose
-  products are summed over each group's C/G channels, as opdefs/conv.yaml writes it in TOSA)
-  is a loop over its filter taps of batched matmuls over the groups (`_grouped_as_matmuls`),
-  which the schedule tiles as matmuls: rows of output pixels, the group's M outputs as columns.
+  products are summed over each group's C/G channels, as opdefs/conv.yaml writes it in TOSA; a
+  1x1 one is an elementwise product by then) is a loop over its filter taps of batched matmuls
+  over the groups (`_grouped_as_matmuls`), which the schedule tiles as matmuls: rows of output
+  pixels, the group's M outputs as columns.
 - A padded input (tensor.pad of a constant: a convolution's or pool's padding) computed by a
   linalg op (the NCHW -> NHWC transpose before a convolution) is a filled buffer whose interior
   that op writes in place. Bufferized as it was, the pad was an element-by-element fill and a
@@ -68,16 +69,17 @@ _DEPTHWISE_M = "linalg.depthwise_conv_2d_nhwc_hwcm"  # loops (n, oh, ow, c, m, k
 
 
 def rewrite_convolutions(module: ir.Module, cpu: Cpu | None = None) -> None:
-    """`_taps_as_matmuls` each 1x1 convolution (one tap), `_depthwise_hwc` each depthwise convolution
-    of multiplier 1, `_conv3d_as_conv2d` each 3-D convolution and `_taps_as_matmuls` each 2-D one
-    with a filter too large to read directly in `module` (static shapes, f32 only). Run before the
+    """`_taps_as_matmuls` each 1x1 convolution (one tap), `_grouped_as_matmuls` each grouped one,
+    `_depthwise_hwc` each depthwise convolution of multiplier 1, `_conv3d_as_conv2d` each 3-D
+    convolution and `_taps_as_matmuls` each 2-D one with a filter too large to read directly in
+    `module` (static shapes, f32 only). Run before the
     pipeline drops unit dimensions ("unit-dims"), which then drops the multiplier's from the ops
     around. Filters are "too large" for `cpu` (by default `cpu.select()`)."""
     with module.context, ir.Location.unknown():
         for op in find_ops(module, lambda op: op.name == CONV and _pointwise(op)):
             with blaming(op):
                 _taps_as_matmuls(op)  # one tap
-        for op in find_ops(module, lambda op: op.name == _DEPTHWISE_M):
+        for op in find_ops(module, lambda op: op.name == _DEPTHWISE_M or _pointwise_products(op)):
             grouped = _grouped_sum(op)
             if grouped is not None:
                 with blaming(op):
@@ -220,9 +222,11 @@ def _grouped_sum(op: ir.Operation) -> ir.Operation | None:
     depthwise convolution of channel multiplier M > 1, from a zero fill, whose [.., C, M] result
     is only expanded to [.., G, C/G, M] and summed over C/G: opdefs/conv.yaml's grouped
     convolution), else None."""
-    _, weight, init = list(op.operands)[:3]
-    c, m = ir.RankedTensorType(weight.type).shape[2:]
-    if not static_f32(op) or m < 2 or not _zero_fill(init) or len(list(op.results[0].uses)) != 1:
+    weight, init = list(op.operands)[1:3]
+    c, m = ir.RankedTensorType(weight.type).shape[-2:]
+    if not static_f32(op) or m < 2 or len(list(op.results[0].uses)) != 1:
+        return None
+    if op.name == _DEPTHWISE_M and not _zero_fill(init):
         return None
     expand_op = next(iter(op.results[0].uses)).owner
     if expand_op.name != "tensor.expand_shape" or len(list(expand_op.results[0].uses)) != 1:
@@ -236,6 +240,28 @@ def _grouped_sum(op: ir.Operation) -> ir.Operation | None:
     if total.name != "linalg.generic" or len(total.operands) != 2 or not _sums_axis(total, 4):
         return None
     return total
+
+
+def _pointwise_products(op: ir.Operation) -> bool:
+    """Whether `op` is what a 1x1 depthwise convolution of multiplier M is by the time convolutions
+    are rewritten: a generic of loops (n, h, w, c, m) multiplying the input [N, H, W, C, 1] by
+    the filter [1, 1, 1, C, M]."""
+    if op.name != "linalg.generic" or len(op.operands) != 3 or not static_f32(op):
+        return False
+    kinds = [str(k) for k in ir.ArrayAttr(op.attributes["iterator_types"])]
+    maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    if len(kinds) != 5 or not all(k.endswith("parallel>") for k in kinds):
+        return False
+    dims = [[e.position if isinstance(e, ir.AffineDimExpr) else None for e in m.results] for m in maps]
+    if dims[0] != [0, 1, 2, 3, None] or len(dims[1]) != 5 or dims[1][3:] != [3, 4] or dims[2] != [0, 1, 2, 3, 4]:
+        return False
+    image, weight = (ir.RankedTensorType(v.type).shape for v in list(op.operands)[:2])
+    if image[4] != 1 or weight[:3] != [1, 1, 1]:
+        return False
+    block = op.regions[0].blocks[0]
+    body = list(block.operations)
+    return len(body) == 2 and body[0].name == "arith.mulf" \
+        and set(body[0].operands) == set(list(block.arguments)[:2]) and body[1].operands[0] == body[0].results[0]
 
 
 def _zero_fill(value: ir.Value) -> bool:
@@ -290,15 +316,20 @@ def _grouped_as_matmuls(op: ir.Operation, total: ir.Operation) -> None:
     now about eager's (Zen 4; 0.8x with x86-64-v3 code, whose registers are 8 lanes). A loop,
     not a matmul per tap: one kernel's code instead of nine (RegNetY-200MF's LLVM IR: 99k ->
     67k lines, its compile 13 -> 9.7 s)."""
-    image, weight, _ = list(op.operands)[:3]
+    image, weight = list(op.operands)[:2]
     out = total.operands[1]
     out_shape = ir.RankedTensorType(out.type).shape
     n, oh, ow, groups = out_shape[:4]
-    kh, kw, c, m = ir.RankedTensorType(weight.type).shape
-    (sh, sw), (dh, dw) = _ints(op, "strides"), _ints(op, "dilations")
     f32, dynamic = ir.F32Type.get(), ir.ShapedType.get_dynamic_size()
     per_group = [[0], [1], [2], [3], list(range(4, len(out_shape)))]  # [N, OH, OW, G, .. M] <-> [.., G, M]
     with ir.InsertionPoint(total), op.location:
+        if op.name == _DEPTHWISE_M:
+            (sh, sw), (dh, dw) = _ints(op, "strides"), _ints(op, "dilations")
+        else:  # `_pointwise_products`: [N, H, W, C, 1] x [1, 1, 1, C, M]
+            (sh, sw), (dh, dw) = (1, 1), (1, 1)
+            image = collapse(image, [[0], [1], [2], [3, 4]])
+            weight = collapse(weight, [[0, 1], [2], [3], [4]])
+        kh, kw, c, m = ir.RankedTensorType(weight.type).shape
         acc = linalg.transpose(collapse(out, per_group), outs=[tensor.EmptyOp([groups, n, oh, ow, m], f32).result],
                                permutation=[3, 0, 1, 2, 4]).results[0]
         constant = functools.partial(arith.constant, ir.IndexType.get())
