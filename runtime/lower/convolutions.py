@@ -54,7 +54,17 @@ from mlir.dialects import arith, bufferization, linalg, scf, tensor
 from ..cpu import Cpu
 from ..internal import blaming
 from . import tiles, winograd
-from .irutil import collapse, dims_map, expand, find_ops, is_sub_byte, static_insert, static_slice
+from .irutil import (
+    collapse,
+    dims_map,
+    expand,
+    find_ops,
+    is_sub_byte,
+    map_dims,
+    positive_zero,
+    static_insert,
+    static_slice,
+)
 
 CONV = "linalg.conv_2d_nhwc_fhwc"  # loops (n, oh, ow, f, kh, kw, c)
 CONV_HWCF = "linalg.conv_2d_nhwc_hwcf"  # the same loops; its filter as the schedule's tiles read it
@@ -265,11 +275,9 @@ def _pointwise_products(op: ir.Operation) -> bool:
 
 
 def _zero_fill(value: ir.Value) -> bool:
-    if not isinstance(value, ir.OpResult) or value.owner.name != "linalg.fill":
-        return False
-    fill = value.owner.operands[0]
-    return isinstance(fill, ir.OpResult) and fill.owner.name == "arith.constant" \
-        and ir.FloatAttr(fill.owner.attributes["value"]).value == 0.0
+    """A linalg.fill of +0.0."""
+    return isinstance(value, ir.OpResult) and value.owner.name == "linalg.fill" \
+        and positive_zero(value.owner.operands[0])
 
 
 def _sums_axis(op: ir.Operation, axis: int) -> bool:
@@ -278,8 +286,7 @@ def _sums_axis(op: ir.Operation, axis: int) -> bool:
     kinds = [str(k) for k in ir.ArrayAttr(op.attributes["iterator_types"])]
     if [k.endswith("reduction>") for k in kinds] != [d == axis for d in range(len(kinds))]:
         return False
-    ins, outs = [[ir.AffineDimExpr(e).position for e in ir.AffineMapAttr(m).value.results]
-                 for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    ins, outs = map_dims(op)
     if ins != list(range(len(kinds))) or outs != [d for d in range(len(kinds)) if d != axis]:
         return False
     block = op.regions[0].blocks[0]
@@ -297,13 +304,7 @@ def _sums_axis(op: ir.Operation, axis: int) -> bool:
     if not isinstance(term, ir.OpResult) or term.owner.name != "arith.addf" or x not in list(term.owner.operands):
         return False
     other = [v for v in term.owner.operands if v != x]
-    return len(body) == 3 and len(other) == 1 and _zero_constant(other[0])
-
-
-def _zero_constant(value: ir.Value) -> bool:
-    return isinstance(value, ir.OpResult) and value.owner.name == "arith.constant" \
-        and isinstance(value.owner.attributes["value"], ir.FloatAttr) \
-        and ir.FloatAttr(value.owner.attributes["value"]).value == 0.0
+    return len(body) == 3 and len(other) == 1 and positive_zero(other[0])
 
 
 def _grouped_as_matmuls(op: ir.Operation, total: ir.Operation) -> None:

@@ -50,6 +50,25 @@ def top_level(op: ir.Operation, function: ir.Operation) -> ir.Operation:
     return op
 
 
+def defined_in(value: ir.Value, op: ir.Operation) -> bool:
+    """Whether `value` is defined inside `op`'s regions: an argument of one of their blocks (a
+    loop's induction variable or iter arg), or a result of an op nested in them."""
+    op = op.operation
+    parent = value.owner.owner if isinstance(value, ir.BlockArgument) else value.owner.operation.parent
+    while parent is not None and parent.operation != op:
+        parent = parent.parent
+    return parent is not None
+
+
+def positive_zero(value: ir.Value) -> bool:
+    """A constant +0.0 (a fill of -0.0 would make a sum of -0.0 products -0.0)."""
+    op = value.owner if isinstance(value, ir.OpResult) else None
+    if op is None or op.name != "arith.constant" or not isinstance(op.attributes["value"], ir.FloatAttr):
+        return False
+    x = ir.FloatAttr(op.attributes["value"]).value
+    return x == 0.0 and math.copysign(1.0, x) > 0
+
+
 def is_sub_byte(t: ir.Type) -> bool:
     """An integer element type narrower than a byte (i1): never stored in memory."""
     return isinstance(t, ir.IntegerType) and t.width < 8

@@ -92,6 +92,7 @@ from .half import is_half, widen_arithmetic
 from .irutil import (
     collapse,
     copy_body,
+    defined_in,
     dims_map,
     expand,
     find_ops,
@@ -1931,19 +1932,9 @@ def _invariant_subset(loop: ir.Operation) -> list[ir.Value] | None:
                 indices = _invariant_subset(user)
             else:
                 continue
-            if indices is not None and not any(_inside(v, loop) for v in indices):
+            if indices is not None and not any(defined_in(v, loop) for v in indices):
                 return indices
     return None
-
-
-def _inside(value: ir.Value, loop: ir.Operation) -> bool:
-    """Whether `value` is defined in `loop` (its induction variable, an iter arg, or an op in its body)."""
-    op = value.owner.owner if isinstance(value.owner, ir.Block) else value.owner
-    while op is not None:
-        if op.operation == loop:
-            return True
-        op = op.parent
-    return False
 
 
 def _dot_lines(i: int, sizes: tuple[int, ...], order: tuple[int, ...], split: tuple[int, ...]) -> list[str]:

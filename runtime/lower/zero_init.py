@@ -14,13 +14,12 @@ vector instead of that read.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 from mlir import ir
 from mlir.dialects import arith, bufferization, linalg, tensor
 
-from .irutil import find_ops
+from .irutil import defined_in, find_ops, positive_zero
 
 ROOT = "bufferization.alloc_tensor"  # what a dropped fill's tensor becomes, marked DROPPED
 DROPPED = "torchtosa.dropped_fill"  # other alloc_tensors (a padded input's, `convolutions`) are not ours
@@ -35,7 +34,7 @@ def drop_zero_fills(contractions: Iterable[ir.Operation]) -> None:
     tensor.empty they fold and replace), so `zero_accumulators` finds it. The fill is erased."""
     for op in contractions:
         fill = _root(op.operands[len(op.operands) - 1], "linalg.fill")
-        if fill is None or not _zero(fill.operands[0]) or not _single_use(fill.results[0]) \
+        if fill is None or not positive_zero(fill.operands[0]) or not _single_use(fill.results[0]) \
                 or _accumulated(_final(fill.results[0])):
             continue
         filled = ir.RankedTensorType(fill.results[0].type)
@@ -204,23 +203,9 @@ def _root(value: ir.Value, name: str, indices: list[ir.Value] | None = None) -> 
 
 def _varies(value: ir.Value, loop: ir.Operation) -> bool:
     """Whether `value` is computed from `loop`'s induction variable (within its body)."""
-    loop = loop.operation
     if isinstance(value, ir.BlockArgument):
-        return value.owner.owner.operation == loop and value.arg_number == 0
-    op = value.owner.operation
-    inside = op.parent
-    while inside is not None and inside.operation != loop:
-        inside = inside.parent
-    return inside is not None and any(_varies(v, loop) for v in op.operands)
-
-
-def _zero(value: ir.Value) -> bool:
-    """A constant +0.0 (a fill of -0.0 would make a sum of -0.0 products -0.0)."""
-    op = value.owner if isinstance(value, ir.OpResult) else None
-    if op is None or op.name != "arith.constant" or not isinstance(op.attributes["value"], ir.FloatAttr):
-        return False
-    x = ir.FloatAttr(op.attributes["value"]).value
-    return x == 0.0 and math.copysign(1.0, x) > 0
+        return value.owner.owner.operation == loop.operation and value.arg_number == 0
+    return defined_in(value, loop) and any(_varies(v, loop) for v in value.owner.operands)
 
 
 def _single_use(value: ir.Value) -> bool:
