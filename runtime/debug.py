@@ -140,9 +140,10 @@ def _example(val: Any) -> str:
 
 
 def _repro(gm: fx.GraphModule, label: str) -> str:
-    code = gm.print_readable(print_output=False, include_stride=False, include_device=False)
-    name = re.search(r"^class (\w+)\(", code, re.M)
-    cls = name[1] if name else "GraphModule"
+    # the class is named as FX named the graph's: AOTAutograd's graphs are "<lambda>"
+    code = re.sub(r"^class [^\n]*?\(torch\.nn\.Module\):", "class Graph(torch.nn.Module):",
+                  gm.print_readable(print_output=False, include_stride=False, include_device=False),
+                  count=1, flags=re.M)
     inputs = ",\n        ".join(_example(n.meta.get("val")) for n in gm.graph.find_nodes(op="placeholder"))
     return f'''"""A graph torchtosa compiled{f" ({label})" if label else ""}, as a module: `python repro.py` runs it
 eagerly and through torchtosa.compile on random inputs of its shapes (integers in [0, 4)) and
@@ -166,7 +167,7 @@ def inputs() -> list:
 
 
 if __name__ == "__main__":
-    module = {cls}()
+    module = Graph()
     here = os.path.dirname(os.path.abspath(__file__))
     if os.path.exists(os.path.join(here, "constants.pt")):  # the graph's own tensors (get_attr)
         for target, value in torch.load(os.path.join(here, "constants.pt")).items():

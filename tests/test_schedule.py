@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import importlib.metadata
+import itertools
 import math
 import random
 import re
@@ -863,6 +864,27 @@ def test_one_query_attention_scores_are_dot_products() -> None:
     q, k = torch.randn(2, 4, 1, 64), torch.randn(2, 4, 10, 64)
     assert "linalg.transpose" not in _ops(_linalg(scores, q, k, stop_before="bufferize"))
     torch.testing.assert_close(torchtosa.compile(scores, q, k)(q, k), scores(q, k), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 4, DOT_MAX_ROWS, DOT_MAX_ROWS + 1])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_products_read_a_matrix_in_any_storage_order(rows: int, batch: int) -> None:
+    """`q @ k.permute(...)` for every order the second factor [B, H, N, K] may be stored in,
+    K innermost or not: attention over a few queries whose k comes from a projection viewed as
+    [B, S, H, D] (T5's decoder; S, the columns, outside H) read k as dot products of tiles that
+    MLIR's vectorizer broadcast along the wrong dimension (scores 15 off). All equal eager's."""
+    torch.manual_seed(0)
+    sizes = {"b": batch, "h": 3, "n": 8, "k": 16}
+    q = torch.randn(batch, 3, rows, 16)
+    for order in ("".join(o) for o in itertools.permutations("bhnk")):
+        stored = torch.randn(*(sizes[d] for d in order))
+        perm = [order.index(d) for d in "bhkn"]
+
+        def scores(q: torch.Tensor, k: torch.Tensor, perm: list[int] = perm) -> torch.Tensor:
+            return q @ k.permute(*perm)
+
+        torch.testing.assert_close(torchtosa.compile(scores, q, stored)(q, stored), scores(q, stored),
+                                   rtol=1e-5, atol=1e-5, msg=lambda m, o=order: f"k stored as {o}: {m}")
 
 
 def _head_projections(x: torch.Tensor, wq: torch.Tensor, wo: torch.Tensor) -> torch.Tensor:

@@ -569,6 +569,11 @@ def _dot_source(op: ir.Operation, loops: tuple[Extent, ...], tiles: Tiles,
     perm = list(ir.DenseI64ArrayAttr(producer.attributes["permutation"]))
     if perm[-2] != len(perm) - 1 or loops[-1] % tiles.lanes:
         return None  # the source's innermost dimension is not k, or k is not whole vectors
+    if perm[-1] != len(perm) - 2:
+        # a batch dimension inside n (attention's k^T from [B, S, H, D], S before H): MLIR's
+        # vectorizer broadcast such a tile's rows of the matrix along its rows of products instead
+        # of its columns (q @ k^T of 2-8 queries: wrong scores)
+        return None
     return producer.operation
 
 
