@@ -429,3 +429,19 @@ def test_3x3_convolutions_over_few_tiles_stay_direct() -> None:
     matmuls save."""
     names = _ops(nn.Conv2d(512, 512, 3, padding=1).eval(), torch.randn(1, 512, 7, 7), stop_before="schedule")
     assert "linalg.batch_matmul" not in names
+
+
+@pytest.mark.parametrize("pool", ["avg", "max"])
+def test_a_pooling_kernel_larger_than_its_input_reads_only_the_input(pool: str) -> None:
+    """HF EfficientNet pools its last 18 x 18 map with a 2560 x 2560 kernel (ceil_mode: one
+    window): the window is clipped to the input, which the lowering padded to the kernel's size
+    before (2560 channels: 67 GB, an allocation failure)."""
+    def pooled(x: torch.Tensor) -> torch.Tensor:
+        if pool == "avg":
+            return nn.functional.avg_pool2d(x, 2560, ceil_mode=True)
+        return nn.functional.max_pool2d(x, 2560, ceil_mode=True)
+
+    x = torch.randn(1, 64, 18, 18)
+    text = str(torchtosa.to_tosa(pooled, x))
+    assert "kernel = array<i64: 18, 18>" in text and "2560x" not in text  # no tensor of its size
+    torch.testing.assert_close(torchtosa.compile(pooled, x)(x), pooled(x))

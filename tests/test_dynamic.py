@@ -12,6 +12,7 @@ from torch.export import Dim
 
 import torchtosa
 from torchtosa.api import CACHE, Guarded, torchtosa_backend
+from torchtosa.regions import EAGER_VIEW
 
 transformers = pytest.importorskip("transformers")
 
@@ -83,7 +84,10 @@ def test_bert_one_compile_for_batch_and_sequence_length() -> None:
                                            atol=1e-5, rtol=1e-5)
     explanation = compiled.explain()
     assert "symbolic sizes" in str(explanation) and "serves sizes" in str(explanation)
-    assert {e.op for e in explanation.eager} == {"aten.gather.default"}
+    # the buffer's views the gather alone reads run eagerly with it (free there), and so does the
+    # slice left a native region of its own
+    assert {e.op for e in explanation.eager if e.reason != EAGER_VIEW and "min_region_ops" not in e.reason} == {
+        "aten.gather.default"}
     torch._dynamo.reset()
 
 
