@@ -674,6 +674,25 @@ def test_softmax_times_values_matches_eager(shape: tuple[int, ...]) -> None:
     torch.testing.assert_close(torchtosa.compile(attend, s, v)(s, v), attend(s, v), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("opt", ["default", "none"])
+def test_attention_of_a_query_whose_every_key_is_masked_is_zero(opt: str) -> None:
+    """F.scaled_dot_product_attention with a boolean mask: a fully masked query row attends to
+    nothing (zeros, as eager), found from its row's max and sum (`_safe_softmax`'s entry), not by
+    comparing every score with -inf again."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 6, 8) for _ in range(3))
+    mask = torch.rand(2, 1, 6, 6) > 0.4
+    mask[..., 2, :], mask[..., 0, :] = False, True
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    assert "tosa.reduce_any" not in str(torchtosa.to_tosa(attend, q, k, v, mask))
+    got = torchtosa.compile(attend, q, k, v, mask, opt=opt)(q, k, v, mask)
+    torch.testing.assert_close(got, attend(q, k, v, mask), rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[:, :, 2], torch.zeros_like(got[:, :, 2]))
+
+
 SCALED_SHAPES = [(1, 1, 8, 8, 8), (2, 3, 8, 8, 4), (1, 2, 16, 8, 8), (1, 1, 8, 32, 8), (2, 2, 24, 40, 12)]
 
 

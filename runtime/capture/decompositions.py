@@ -22,6 +22,9 @@ computes with the wrong values while the forward looks right. `DECOMPOSITIONS` i
   Dynamo puts in a graph under no_grad) in composite ops.
 - `roll` as slices and a cat (core ATen gathers with computed integer indices, which a float
   TOSA profile has no op for).
+- `_safe_softmax` (attention's probabilities) is kept whole: it has an entry of its own, which
+  finds the rows of -inf only from the row's max and sum, where core ATen's decomposition
+  compared every score with -inf (one more pass over the scores).
 """
 
 from __future__ import annotations
@@ -285,8 +288,9 @@ def _roll(self: Tensor, shifts: list[int], dims: list[int] | None = None) -> Ten
 
 
 _CORE = core_aten_decompositions()
+_KEPT = (aten._safe_softmax.default,)  # ops with an entry that does better than the decomposition
 DECOMPOSITIONS = {
-    **_CORE,
+    **{op: fn for op, fn in _CORE.items() if op not in _KEPT},
     aten._scaled_dot_product_flash_attention_for_cpu.default: _flash_cpu,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _flash_cpu_backward,
     aten.convolution_backward.default: _convolution_backward,
