@@ -6,6 +6,7 @@ inputs of odd sizes, strides, paddings and groups."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -445,3 +446,31 @@ def test_a_pooling_kernel_larger_than_its_input_reads_only_the_input(pool: str) 
     text = str(torchtosa.to_tosa(pooled, x))
     assert "kernel = array<i64: 18, 18>" in text and "2560x" not in text  # no tensor of its size
     torch.testing.assert_close(torchtosa.compile(pooled, x)(x), pooled(x))
+
+
+ATROUS = {  # input, conv, the taps kept: dilated convolutions with taps that read only padding
+    "deeplab-24": ((1, 8, 16, 16), dict(kernel_size=3, padding=24, dilation=24), (1, 1)),  # a 1x1 convolution
+    "deeplab-12": ((1, 8, 16, 16), dict(kernel_size=3, padding=12, dilation=12), (3, 3)),  # every tap reads some
+    "cropped": ((2, 4, 7, 9), dict(kernel_size=(3, 5), padding=(6, 8), dilation=(7, 4), stride=(2, 1)), (1, 5)),
+    "depthwise": ((1, 8, 6, 6), dict(kernel_size=3, padding=8, dilation=8, groups=8), (1, 1)),
+    "1-D": ((2, 4, 10), dict(kernel_size=5, padding=8, dilation=6), (1,)),
+    "3-D": ((1, 2, 4, 6, 6), dict(kernel_size=3, padding=(4, 1, 6), dilation=(4, 1, 6)), (1, 3, 1)),
+}
+
+
+@pytest.mark.parametrize("name", ATROUS)
+def test_kernel_taps_that_read_only_padding_are_dropped(name: str) -> None:
+    """DeepLabV3's atrous convolutions (dilation 24 and 36 over 16x16 maps) computed every tap's
+    products of the zero padding: the taps no window reads the input with are dropped
+    (decompositions._convolution), the input padded or cropped for those left. Equal to eager."""
+    shape, kwargs, kept = ATROUS[name]
+    torch.manual_seed(0)
+    x = torch.randn(*shape)
+    conv = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[len(shape) - 3](shape[1], 8, **kwargs).eval()
+    op, dims = re.search(r"tosa\.(depthwise_conv2d|conv2d|conv3d) .*? : \(tensor<[^>]*>, tensor<([\dx]+)x\w+>",
+                         str(torchtosa.to_tosa(conv, x))).groups()
+    weight = [int(d) for d in dims.split("x")]
+    spatial = {"depthwise_conv2d": weight[:2], "conv2d": weight[1:3], "conv3d": weight[1:4]}[op]
+    assert tuple(spatial[-len(kept):]) == kept
+    with torch.no_grad():
+        torch.testing.assert_close(torchtosa.compile(conv, x)(x), conv(x), rtol=1e-5, atol=1e-5)

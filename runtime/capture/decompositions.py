@@ -29,6 +29,7 @@ computes with the wrong values while the forward looks right. `DECOMPOSITIONS` i
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -287,12 +288,51 @@ def _roll(self: Tensor, shifts: list[int], dims: list[int] | None = None) -> Ten
     return out if out is not self else self.clone()
 
 
+def _taps_read(size: int, kernel: int, stride: int, pad: int, dilation: int) -> range | None:
+    """The kernel taps along one dimension whose windows read some of the input (not only its
+    zero padding), or None if the convolution has no output along it."""
+    out = (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+    read = [t for t in range(kernel) if -pad + t * dilation < size and (out - 1) * stride - pad + t * dilation >= 0]
+    return range(read[0], read[-1] + 1) if out > 0 and read else None
+
+
+def _convolution(input: Tensor, weight: Tensor, bias: Tensor | None, stride: list[int], padding: list[int],
+                 dilation: list[int], transposed: bool, output_padding: list[int], groups: int) -> Any:
+    """A convolution without the kernel taps that read only zero padding, where it has such taps:
+    DeepLabV3's atrous convolutions (3x3, dilation 24 and 36, over 16x16 maps) are 1x1
+    convolutions, where every tap's products of zeros were computed (10x the work). The input
+    is padded (or cropped) so that the kept taps read what they read before. Otherwise the
+    convolution itself (NotImplemented: AOTAutograd records the op)."""
+    spatial = weight.dim() - 2
+    params = [list(v) * spatial if len(v) == 1 else list(v) for v in (stride, padding, dilation)]
+    values = [*input.shape[2:], *weight.shape[2:], *itertools.chain(*params)]
+    if transposed or input.dim() != weight.dim() or not all(isinstance(v, int) for v in values):
+        return NotImplemented
+    taps = [_taps_read(input.shape[2 + i], weight.shape[2 + i], *(p[i] for p in params)) for i in range(spatial)]
+    if None in taps or all(len(t) == weight.shape[2 + i] for i, t in enumerate(taps)):
+        return NotImplemented
+    pads: list[int] = []  # constant_pad_nd's [before, after] per dim, last dim first
+    for i, t in enumerate(taps):
+        size, st, pd, dl = input.shape[2 + i], params[0][i], params[1][i], params[2][i]
+        out = (size + 2 * pd - dl * (weight.shape[2 + i] - 1) - 1) // st + 1
+        before = pd - t.start * dl  # the first kept tap's first row, from the input's first
+        after = (out - 1) * st + dl * (len(t) - 1) + 1 - before - size
+        pads = [before, after, *pads]
+        weight = weight.narrow(2 + i, t.start, len(t))
+    if all(b == a >= 0 for b, a in zip(pads[::2], pads[1::2], strict=True)):
+        return aten.convolution.default(input, weight, bias, params[0], pads[::2][::-1], params[2], False,
+                                        output_padding, groups)
+    return aten.convolution.default(aten.constant_pad_nd.default(input, pads), weight, bias, params[0],
+                                    [0] * spatial, params[2], False, output_padding, groups)
+
+
 _CORE = core_aten_decompositions()
 _KEPT = (aten._safe_softmax.default,)  # ops with an entry that does better than the decomposition
 DECOMPOSITIONS = {
     **{op: fn for op, fn in _CORE.items() if op not in _KEPT},
     aten._scaled_dot_product_flash_attention_for_cpu.default: _flash_cpu,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _flash_cpu_backward,
+    aten.convolution.default: _convolution,
     aten.convolution_backward.default: _convolution_backward,
     aten.max_pool2d_with_indices_backward.default: _max_pool2d_backward,
     aten._transformer_encoder_layer_fwd.default: _encoder_layer_fwd,
