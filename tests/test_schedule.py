@@ -112,6 +112,35 @@ def test_half_precision_is_vectorized_in_f32() -> None:
         torch.testing.assert_close(torchtosa.compile(lambda a, b: a @ b.t(), rows, w)(rows, w), rows @ w.t())
 
 
+def test_half_precision_linear_over_channels_last_maps() -> None:
+    """ConvNeXt's MLP in bf16: nn.Linear over [1, 56, 56, C] maps, its weight widened to f32 and
+    broadcast along the batch of the contraction fusion makes (an IndexError in the schedule,
+    which sent a whole bf16 ConvNeXt to PyTorch)."""
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(96, 384), nn.GELU(), nn.Linear(384, 96)).eval().to(torch.bfloat16)
+    x = torch.randn(1, 56, 56, 96, dtype=torch.bfloat16)
+    with torch.no_grad():
+        got = torchtosa.compile(mlp, x, fallback="error")(x).float()
+        expected = mlp.float()(x.float())
+    torch.testing.assert_close(got, expected, rtol=2**-6, atol=2**-6 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_half_precision_convolutions_run_as_f32_convolutions(bias: bool) -> None:
+    """A bf16 convolution is widened to f32, convolved and rounded once (as torch's kernel sums
+    in f32): the schedule tiles f32 convolutions, where a bf16 one ran as scalar loops (ResNet-50
+    in bf16 48x eager's time)."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(16, 32, 3, padding=1, bias=bias).eval().to(torch.bfloat16)
+    x = torch.randn(1, 16, 12, 12, dtype=torch.bfloat16)
+    assert "vector.fma" in _ops(_linalg(conv, x, stop_before="llvm"))
+    with torch.no_grad():
+        got = torchtosa.compile(conv, x)(x)
+        wide = conv.float()
+        expected = wide(x.float()).to(torch.bfloat16)  # f32 sums, rounded once
+    torch.testing.assert_close(got, expected, rtol=2**-7, atol=1e-3)
+
+
 def test_half_precision_attention_over_an_odd_number_of_keys_is_vectorized() -> None:
     """A bf16 decoding step's attention over a static KV cache of 31 positions, the query's rotary
     embedding and the scale fused into the scores: the scores' factors are widened to f32 like

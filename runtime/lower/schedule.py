@@ -527,14 +527,16 @@ def _widen(op: ir.Operation) -> ir.Operation:
     return result.owner
 
 
-def _extended(value: ir.Value, dims: list[int] | None = None) -> ir.Value:
+def _extended(value: ir.Value, dims: list[int] | None = None, shape: list | None = None) -> ir.Value:
     """`value` extended to f32 by a linalg.generic; with `dims` (the result dimension indexing
-    each dimension of `value`), transposed too."""
-    rank = ir.RankedTensorType(value.type).rank
-    dims = dims if dims is not None else list(range(rank))
-    shape = [0] * rank
-    for d, r in enumerate(dims):
-        shape[r] = _dim(value, d)
+    each dimension of `value`), transposed too, and with the result's `shape`, broadcast along
+    the dimensions `dims` leaves out (a weight shared by a batch)."""
+    dims = dims if dims is not None else list(range(ir.RankedTensorType(value.type).rank))
+    if shape is None:
+        shape = [0] * len(dims)
+        for d, r in enumerate(dims):
+            shape[r] = _dim(value, d)
+    rank = len(shape)
     f32 = ir.F32Type.get()
     empty = tensor.EmptyOp(shape, f32).result
     parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
@@ -886,7 +888,7 @@ def _columns_of(op: ir.Operation, source: ir.Operation, offsets: list, shape: li
     into a contiguous buffer if `packed`)."""
     if source.name == "linalg.generic":
         weight, dims = source.operands[0], map_dims(source)[0]
-        return _extended(_extract(weight, [offsets[r] for r in dims], [shape[r] for r in dims]), dims)
+        return _extended(_extract(weight, [offsets[r] for r in dims], [shape[r] for r in dims]), dims, shape)
     rhs = op.operands[1]
     if source == op and not packed:
         return _extract(rhs, offsets, shape)
