@@ -308,7 +308,7 @@ def _eager_storage_views(gm: fx.GraphModule, reasons: dict[str, str | None]) -> 
             continue
         for view in _storage_chain(node):
             name = view.name if view.target is not operator.getitem else view.args[0].name
-            if reasons.get(name) is None:
+            if reasons.get(name) in (None, EAGER_VIEW):  # the storage is the reason that matters
                 reasons[name] = f"a view whose storage an eager {node.target} reads"
                 added = True
     return added

@@ -205,11 +205,11 @@ def host_cpu() -> str:
 
 
 def undefined_symbols(objects: Sequence[Path]) -> set[str]:
-    """The symbols object files call but none of them defines."""
-    def names(*flags: str) -> set[str]:
-        out = run([llvm_tool("llvm-nm"), *flags, "--just-symbol-name", *map(str, objects)], what="llvm-nm")
-        return {line.strip() for line in out.splitlines() if line.strip() and not line.endswith(":")}
-    return names("--undefined-only") - names("--defined-only")
+    """The symbols object files call but none of them defines (one `llvm-nm`: a defined symbol
+    is listed with its address, an undefined one without)."""
+    out = run([llvm_tool("llvm-nm"), *map(str, objects)], what="llvm-nm")
+    listed = [line.split() for line in out.splitlines() if line.strip() and not line.endswith(":")]
+    return {f[-1] for f in listed if len(f) == 2} - {f[-1] for f in listed if len(f) == 3}
 
 
 def needed_libraries(library: Path) -> list[str]:
