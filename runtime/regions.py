@@ -284,13 +284,13 @@ def _eager_views_of_eager_values(gm: fx.GraphModule, reasons: dict[str, str | No
     parameter, an eager op's result) that only eager ops read: eagerly it is free, its input's
     storage seen another way; natively it was a copy made at every call (a mixture of experts'
     weights transposed for the eager grouped matmul: 21 MB a call, 4x eager's time)."""
-    free: list[fx.Node] = []  # views of such values, in graph order
+    free: dict[fx.Node, None] = {}  # views of such values, in graph order
     for node in gm.graph.nodes:
         source = node.args[0] if node.op == "call_function" and node.args else None
         if (_is_view(node) and reasons.get(node.name) is None and isinstance(source, fx.Node)
                 and (source.op in ("placeholder", "get_attr") or reasons.get(source.name) is not None
                      or source in free)):
-            free.append(node)
+            free[node] = None
     for node in reversed(free):  # readers first
         if node.users and all(user.op == "call_function" and reasons.get(user.name) is not None
                               for user in node.users):

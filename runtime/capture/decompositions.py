@@ -37,6 +37,7 @@ import torch
 from torch._decomp import core_aten_decompositions
 
 from ..errors import Unsupported
+from ..importer.rules import conv_out
 from .resizes import keep_nearest
 
 __all__ = ["DECOMPOSITIONS"]
@@ -288,10 +289,9 @@ def _roll(self: Tensor, shifts: list[int], dims: list[int] | None = None) -> Ten
     return out if out is not self else self.clone()
 
 
-def _taps_read(size: int, kernel: int, stride: int, pad: int, dilation: int) -> range | None:
-    """The kernel taps along one dimension whose windows read some of the input (not only its
-    zero padding), or None if the convolution has no output along it."""
-    out = (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+def _taps_read(size: int, kernel: int, stride: int, pad: int, dilation: int, out: int) -> range | None:
+    """The kernel taps along one dimension (of `out` outputs) whose windows read some of the
+    input, not only its zero padding; None if there is no output along it."""
     read = [t for t in range(kernel) if -pad + t * dilation < size and (out - 1) * stride - pad + t * dilation >= 0]
     return range(read[0], read[-1] + 1) if out > 0 and read else None
 
@@ -308,13 +308,14 @@ def _convolution(input: Tensor, weight: Tensor, bias: Tensor | None, stride: lis
     values = [*input.shape[2:], *weight.shape[2:], *itertools.chain(*params)]
     if transposed or input.dim() != weight.dim() or not all(isinstance(v, int) for v in values):
         return NotImplemented
-    taps = [_taps_read(input.shape[2 + i], weight.shape[2 + i], *(p[i] for p in params)) for i in range(spatial)]
-    if None in taps or all(len(t) == weight.shape[2 + i] for i, t in enumerate(taps)):
+    # per spatial dim: input size, kernel size, stride, padding, dilation
+    dims = [(input.shape[2 + i], weight.shape[2 + i], *(p[i] for p in params)) for i in range(spatial)]
+    outs = [conv_out(*d) for d in dims]
+    taps = [_taps_read(*d, out) for d, out in zip(dims, outs, strict=True)]
+    if None in taps or all(len(t) == d[1] for t, d in zip(taps, dims, strict=True)):
         return NotImplemented
     pads: list[int] = []  # constant_pad_nd's [before, after] per dim, last dim first
-    for i, t in enumerate(taps):
-        size, st, pd, dl = input.shape[2 + i], params[0][i], params[1][i], params[2][i]
-        out = (size + 2 * pd - dl * (weight.shape[2 + i] - 1) - 1) // st + 1
+    for i, ((size, _, st, pd, dl), out, t) in enumerate(zip(dims, outs, taps, strict=True)):
         before = pd - t.start * dl  # the first kept tap's first row, from the input's first
         after = (out - 1) * st + dl * (len(t) - 1) + 1 - before - size
         pads = [before, after, *pads]
