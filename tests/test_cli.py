@@ -93,7 +93,7 @@ def test_emit_so_matches_eager(workdir: Path, subprocess_env: dict[str, str]) ->
     assert stages(done.stderr) == ["capture", "import to TOSA", "partition", "tosa-to-linalg", "fuse-before-reshapes",
                                    "linalg", "unit-dims", "schedule", "bufferize", "out-params", "llvm",
                                    "translate to LLVM IR",
-                                   "opt and llc", "link (cc)", "total"]
+                                   "LLVM code generation", "link (cc)", "total"]
     header = (workdir / "out" / "tagger.h").read_text()
     assert "int tagger_run(const float *x, const int64_t *ids, float *out0);" in header
 

