@@ -1209,6 +1209,36 @@ def test_bf16_products_by_a_weight_stored_along_k_multiply_pairs_where_the_cpu_c
                     torch.testing.assert_close(got, expected, rtol=2**-8, atol=2**-8 * expected.abs().max().item())
 
 
+PANEL_CASES = [  # (rows, k, columns, bias): tiles and remainder rows, every column-vector count (k whole vectors)
+    (64, 96, 384, False), (67, 32, 48, True), (1029, 16, 16, False), (70, 496, 96, True), (131, 64, 32, False)]
+
+
+def test_bf16_products_of_many_rows_by_a_short_k_run_in_panel_form(tmp_path: Path) -> None:
+    """From bf16_dot.PANEL_MIN_ROWS rows and a short k, a bf16 product runs `bf16_dot.panel_kernel`
+    (a row's pair broadcast into accumulators that are the output's columns, the weight packed per
+    panel), on every entry with AVX512-BF16; from k = 1024 the dot form stays. Results: f32 sums of
+    exact products, plus the bias, rounded to bf16 once."""
+    torch.manual_seed(0)
+    entries = {name: c for name, c in table().items() if c.arch == "x86_64" and c.bf16_dot == "avx512_bf16"
+               and c.bf16_matmul != "amx"}
+    assert entries  # Zen 4 and Zen 5 at least
+    for (rows, k, n, bias), name in itertools.product([*PANEL_CASES, (64, 1024, 64, False)], sorted(entries)):
+        linear = nn.Linear(k, n, bias=bias).to(torch.bfloat16).eval()
+        x = torch.randn(1, rows, k, dtype=torch.bfloat16)
+        _, lowered = _lowered(entries[name], linear, (x,))
+        kernels = [op.name for op in lowered.body.operations if op.name == "llvm.func"
+                   and "torchtosa_bf16_panel" in ir.StringAttr(op.attributes["sym_name"]).value]
+        assert bool(kernels) == (k < 1024), (rows, k, n)
+        if entries[name].runs_here:
+            expected = x.float() @ linear.weight.float().t() + (linear.bias.float() if bias else 0)
+            with torch.no_grad():
+                got = torchtosa.compile(linear, x, cpu=name)(x).float()
+            torch.testing.assert_close(got, expected.to(torch.bfloat16).float(), rtol=2**-8,
+                                       atol=2**-8 * expected.abs().max().item())
+        else:
+            assert "vdpbf16ps" in _llc(entries[name], lowered, tmp_path, "asm").read_text()
+
+
 class _Matmul(nn.Module):
     """A product by a weight stored [K, N] (not nn.Linear's [N, K])."""
 

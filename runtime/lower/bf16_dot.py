@@ -175,3 +175,120 @@ def _row_tiles(rows: int, start: str, stop: str, mnk: tuple[int, int, int], widt
             current = f"%y{t}_{i}_{j}"
     lines += [f"{i6}scf.yield {current} : {out}", f"{i4}}}"]
     return lines, f"%tiles{t}"
+
+
+# Products of many rows by a short k go in panel form instead (`panel_kernel`): the dot form ends
+# each output element with a sum across an accumulator's lanes, as costly as 2-3 steps of k, which
+# a short k cannot amortize (a ConvNeXt block's 96 channels: 3 steps). Zen 4, one thread, eager's
+# time in brackets, ms: 3136 x 96 x 384 3.12 -> 1.50 (1.20), 3136 x 384 x 96 1.46 -> 1.17 (1.14),
+# 784 x 768 x 192 1.35 -> 1.20 (1.23), 197 x 768 x 3072 even (5.97, 5.24); from k = 1024, where
+# a panel's weight no longer stays near the core while its rows pass, the dot form is faster
+# (256 x 1024 x 1024 2.80 against 3.68, 2.58).
+PANEL_MIN_ROWS = 64
+PANEL_MAX_ROWS = 8  # rows of a panel-form register tile, at most
+
+
+def panel_fits(m: int, k: int, n: int, l1_bytes: int) -> bool:
+    """Shapes `panel_kernel` takes and is the faster kernel for: from PANEL_MIN_ROWS rows, whole
+    vectors of columns, pairs of k, and a weight panel of 4 vectors of columns at most twice
+    `l1_bytes` (the L1 data cache: k up to 512 with Zen 4's 32 KiB)."""
+    return m >= PANEL_MIN_ROWS and n % LANES == 0 and k % 2 == 0 and 4 * LANES * k * 2 <= 2 * l1_bytes
+
+
+def panel_tile(n: int, registers: int) -> tuple[int, int]:
+    """(rows, vectors of columns) of a panel-form register tile: the most vectors of columns (up
+    to 4) that divide n's, then the most rows whose accumulators fit in `registers` beside a
+    register per vector of the weight and one for a row's broadcast pair."""
+    vectors = next(c for c in (4, 3, 2, 1) if (n // LANES) % c == 0)
+    return min(PANEL_MAX_ROWS, (registers - vectors - 1) // vectors), vectors
+
+
+def packed_shape(k: int, n: int, vectors: int) -> list[int]:
+    """The shape of a weight [n, k] as `panel_kernel` reads it: per panel of `vectors` x LANES
+    columns, per pair of k, the panel's columns' pairs side by side
+    (`wp[c // cols, p, 2 (c % cols) + i] = w[c, 2 p + i]`): a panel's weight is one stream."""
+    cols = vectors * LANES
+    return [n // cols, k // 2, 2 * cols]
+
+
+def _packed_type(k: int, n: int, vectors: int) -> str:
+    return f"tensor<{'x'.join(map(str, packed_shape(k, n, vectors)))}xbf16>"
+
+
+def panel_kernel(name: str, m: int, k: int, n: int, rows: int, vectors: int) -> str:
+    """MLIR text of `func.func private @name(%a: tensor<m x k x bf16>, %wp: <packed_shape>,
+    %out: tensor<m x n x f32>) -> tensor<m x n x f32>`: a @ w^T written into `out` (which holds
+    nothing yet: the product's zeros are never written and read back), `wp` the weight packed
+    (`packed_shape`). Panels of
+    `vectors` x LANES columns (their weight read as one stream while every row passes), each in register
+    tiles of `rows` rows (then single rows): per pair of k, a row's pair is broadcast to every
+    lane and multiplied into the tile's accumulators, one per row and vector of columns, which
+    are the output's columns: written as vectors, no sum across lanes."""
+    out = f"tensor<{m}x{n}xf32>"
+    cols = vectors * LANES
+    main = m // rows * rows
+    lines = [f"func.func private @{name}(%a: tensor<{m}x{k}xbf16>, %wp: {_packed_type(k, n, vectors)}, "
+             f"%out: {out}) -> {out} {{",
+             "  %c0 = arith.constant 0 : index", "  %c1 = arith.constant 1 : index", "  %c2 = arith.constant 2 : index",
+             f"  %cpairs = arith.constant {k // 2} : index", f"  %cn = arith.constant {n} : index",
+             f"  %ccols = arith.constant {cols} : index", f"  %cmain = arith.constant {main} : index",
+             f"  %cm = arith.constant {m} : index", "  %pad = arith.constant 0.0 : bf16",
+             f"  %zero = arith.constant dense<0.0> : vector<{LANES}xf32>",
+             f"  %cpanels = arith.constant {n // cols} : index",
+             f"  %panels = scf.for %q = %c0 to %cpanels step %c1 iter_args(%o = %out) -> ({out}) {{",
+             "    %n0 = arith.muli %q, %ccols : index"]
+    acc = "%o"
+    for tile, (start, stop) in ((rows, ("%c0", "%cmain")), (1, ("%cmain", "%cm"))):
+        if (tile == rows and main) or (tile == 1 and main < m):
+            body, acc = _panel_rows(tile, vectors, start, stop, acc, (m, k, n))
+            lines += body
+    lines += [f"    scf.yield {acc} : {out}", "  }", f"  return %panels : {out}", "}"]
+    return "\n".join(lines)
+
+
+def _panel_rows(rows: int, vectors: int, start: str, stop: str, acc: str,
+                mnk: tuple[int, int, int]) -> tuple[list[str], str]:
+    """Lines of the loop over the register tiles of `rows` rows from `start` to `stop` of a panel
+    (from %n0) of `acc`, and its result."""
+    m, k, n = mnk
+    out, a_type, w_type = f"tensor<{m}x{n}xf32>", f"tensor<{m}x{k}xbf16>", _packed_type(k, n, vectors)
+    t, vector, pair = f"r{rows}", f"vector<{LANES}xf32>", f"vector<{PAIRS}xbf16>"
+    i4, i6, i8 = " " * 4, " " * 6, " " * 8
+    names = [[f"%s{t}_{i}_{j}" for j in range(vectors)] for i in range(rows)]
+    count = rows * vectors
+    lines = [f"{i4}%step{t} = arith.constant {rows} : index",
+             f"{i4}%tiles{t} = scf.for %m{t} = {start} to {stop} step %step{t} iter_args(%x{t} = {acc}) -> ({out}) {{"]
+    for i in range(rows):
+        lines += [f"{i6}%ci{t}_{i} = arith.constant {i} : index",
+                  f"{i6}%row{t}_{i} = arith.addi %m{t}, %ci{t}_{i} : index"]
+    for j in range(vectors):
+        lines += [f"{i6}%wc{t}_{j} = arith.constant {2 * LANES * j} : index",
+                  f"{i6}%cc{t}_{j} = arith.constant {LANES * j} : index",
+                  f"{i6}%col{t}_{j} = arith.addi %n0, %cc{t}_{j} : index"]
+    lines.append(f"{i6}%dots{t}:{count} = scf.for %p{t} = %c0 to %cpairs step %c1 iter_args("
+                 + ", ".join(f"{s} = %zero" for row in names for s in row) + f") -> ({', '.join([vector] * count)}) {{")
+    lines.append(f"{i8}%k{t} = arith.muli %p{t}, %c2 : index")
+    for j in range(vectors):
+        lines.append(f"{i8}%w{t}_{j} = vector.transfer_read %wp[%q, %p{t}, %wc{t}_{j}], %pad {{in_bounds = [true]}}"
+                     f" : {w_type}, {pair}")
+    results = []
+    for i in range(rows):
+        lines += [f"{i8}%ap{t}_{i} = vector.transfer_read %a[%row{t}_{i}, %k{t}], %pad {{in_bounds = [true]}}"
+                  f" : {a_type}, vector<2xbf16>",
+                  f"{i8}%ai{t}_{i} = vector.bitcast %ap{t}_{i} : vector<2xbf16> to vector<1xi32>",
+                  f"{i8}%as{t}_{i} = vector.extract %ai{t}_{i}[0] : i32 from vector<1xi32>",
+                  f"{i8}%ab{t}_{i} = vector.broadcast %as{t}_{i} : i32 to vector<{LANES}xi32>",
+                  f"{i8}%a{t}_{i} = vector.bitcast %ab{t}_{i} : vector<{LANES}xi32> to {pair}"]
+        for j in range(vectors):
+            lines.append(f"{i8}%d{t}_{i}_{j} = x86vector.avx512.dot {names[i][j]}, %a{t}_{i}, %w{t}_{j}"
+                         f" : {pair} -> {vector}")
+            results.append(f"%d{t}_{i}_{j}")
+    lines += [f"{i8}scf.yield {', '.join(results)} : {', '.join([vector] * count)}", f"{i6}}}"]
+    current = f"%x{t}"
+    for i in range(rows):
+        for j in range(vectors):
+            lines.append(f"{i6}%u{t}_{i}_{j} = vector.transfer_write %dots{t}#{i * vectors + j}, "
+                         f"{current}[%row{t}_{i}, %col{t}_{j}] {{in_bounds = [true]}} : {vector}, {out}")
+            current = f"%u{t}_{i}_{j}"
+    lines += [f"{i6}scf.yield {current} : {out}", f"{i4}}}"]
+    return lines, f"%tiles{t}"

@@ -98,6 +98,7 @@ from .irutil import (
     find_ops,
     insert_functions,
     map_dims,
+    positive_zero,
     run_passes,
     run_transform,
 )
@@ -282,11 +283,31 @@ def _bf16_dot_product(op: ir.Operation, tiles: Tiles, chunks: int = 1) -> None:
     batch = _CONTRACTIONS[op.name]
     m, n, k = loops[batch:]
     transpose = _dot_source(op, loops, tiles, max_rows=None)
-    if (transpose is None or any(size != 1 for size in loops[:batch]) or not bf16_dot.fits(m, k, n)
+    if (transpose is None or any(size != 1 for size in loops[:batch])
             or list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"])) != [*range(batch), batch + 1, batch]):
         return
     lhs, _, init = list(op.operands)[:3]
     groups = [[0, 1], [2]] if batch else [[0], [1]]
+    fill = init.owner if isinstance(init, ir.OpResult) else None
+    zeros = (fill is not None and fill.name == "linalg.fill" and positive_zero(fill.operands[0])
+             and len(list(init.uses)) == 1)
+    if chunks == 1 and zeros and bf16_dot.panel_fits(m, k, n, tiles.l1_bytes):
+        rows, vectors = bf16_dot.panel_tile(n, tiles.registers)
+        name = f"torchtosa_bf16_panel_{m}x{k}x{n}_{rows}x{vectors}"
+        insert_functions(op, name, bf16_dot.panel_kernel(name, m, k, n, rows, vectors))
+        with ir.InsertionPoint(op), op.location:
+            empty = tensor.EmptyOp(_shape(init), ir.F32Type.get()).result  # the zeros are not written
+            a, w, out = (collapse(v, groups) for v in (lhs, transpose.operands[0], empty))
+            packed = _packed(w, bf16_dot.packed_shape(k, n, vectors))
+            call = func.CallOp([out.type], ir.FlatSymbolRefAttr.get(name), [a, packed, out]).result
+            result = expand(call, groups, _shape(init))
+        op.results[0].replace_all_uses_with(result)
+        op.erase()
+        transpose.erase()
+        fill.erase()
+        return
+    if not bf16_dot.fits(m, k, n):
+        return
     rows = min(tiles.dot_rows, bf16_dot.ACCUMULATORS // bf16_dot.COLUMNS)
     streams = n * k * 2 >= tiles.streamed_matrix_bytes
     block = max(1, tiles.row_block_bytes // (k * 2) // rows) * rows
@@ -301,6 +322,15 @@ def _bf16_dot_product(op: ir.Operation, tiles: Tiles, chunks: int = 1) -> None:
     op.results[0].replace_all_uses_with(result)
     op.erase()
     transpose.erase()
+
+
+def _packed(w: ir.Value, shape: list[int]) -> ir.Value:
+    """A weight `w` [n, k] as `bf16_dot.panel_kernel` reads it (`bf16_dot.packed_shape`: panels
+    [n / cols, k / 2, 2 cols]), a copy of it per call."""
+    panels, pairs, width = shape
+    split = expand(w, [[0, 1], [2, 3]], [panels, width // 2, pairs, 2])
+    empty = tensor.EmptyOp([panels, pairs, width // 2, 2], ir.RankedTensorType(w.type).element_type).result
+    return collapse(linalg.transpose(split, outs=[empty], permutation=[0, 2, 1, 3]).results[0], [[0], [1], [2, 3]])
 
 
 def _amx_product(op: ir.Operation) -> None:

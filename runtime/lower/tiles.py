@@ -80,6 +80,8 @@ class Tiles:
     """The tile sizes of one CPU's schedule, in f32 elements."""
 
     lanes: int  # f32 lanes of one vector register
+    registers: int  # vector registers
+    l1_bytes: int  # the L1 data cache
     matmul: tuple[int, int]  # rows x columns of a contraction's (and a convolution's) register tile
     depthwise: tuple[int, int]  # output columns x channels of a depthwise convolution's tile
     vector: int  # innermost tile of other vectorized ops
@@ -100,7 +102,8 @@ def derive(cpu: Cpu) -> Tiles:
     register_tile = (accumulators // COLUMN_VECTORS, COLUMN_VECTORS * lanes)
     dot_accumulators = cpu.vector_registers // 2
     dot = (DOT_COLUMNS, dot_accumulators // DOT_COLUMNS * lanes)
-    return Tiles(lanes=lanes, matmul=register_tile, depthwise=register_tile, vector=OTHER_OPS_VECTORS * lanes,
+    return Tiles(lanes=lanes, registers=cpu.vector_registers, l1_bytes=cpu.l1d_kib * 1024, matmul=register_tile,
+                 depthwise=register_tile, vector=OTHER_OPS_VECTORS * lanes,
                  transpose=lanes, dot=dot, dot_rows=dot_accumulators // DOT_COLUMNS,
                  direct_filter_bytes=cpu.l2_kib * 1024 // 2, resident_operand_bytes=cpu.l2_kib * 1024 // 2,
                  row_block_bytes=cpu.l2_kib * 1024 // 4, chunk_panel_bytes=cpu.l1d_kib * 1024 // 2,
