@@ -474,3 +474,23 @@ def test_kernel_taps_that_read_only_padding_are_dropped(name: str) -> None:
     assert tuple(spatial[-len(kept):]) == kept
     with torch.no_grad():
         torch.testing.assert_close(torchtosa.compile(conv, x)(x), conv(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_bf16_pointwise_convolutions_are_matmuls_natively(bias: bool) -> None:
+    """A bf16 1x1 convolution of stride 1 without padding is natively a matmul of the pixels by
+    the weight (conv.yaml's `pw`: the schedule multiplies bf16 pairs where the CPU can, instead of
+    an f32 convolution of widened operands); a TOSA target keeps the convolution. f32 sums plus
+    the bias, rounded to bf16 once."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(64, 48, 1, bias=bias).to(torch.bfloat16).eval()
+    x = torch.randn(1, 64, 10, 9, dtype=torch.bfloat16)
+    native = str(torchtosa.to_tosa(conv, x, target=None).module)
+    assert "tosa.matmul" in native and "tosa.conv2d" not in native
+    assert "tosa.conv2d" in str(torchtosa.to_tosa(conv, x).module)
+    expected = torch.nn.functional.conv2d(x.float(), conv.weight.float(), conv.bias.float() if bias else None)
+    with torch.no_grad():
+        got = torchtosa.compile(conv, x)(x)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected.to(torch.bfloat16).float(), rtol=2**-8,
+                               atol=2**-8 * expected.abs().max().item())
