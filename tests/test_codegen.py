@@ -59,84 +59,26 @@ def test_same_code_as_opt_and_llc(entry: str, opt: str, tmp_path: Path) -> None:
 # LLVM IR whose machine code depends on each option `compile_object` sets: straight-line code for
 # the SLP vectorizer, a loop for the loop vectorizer, an external global and a jump table
 # (position-independent code reads them otherwise), and long blocks for the instruction schedulers
-SENSITIVE_IR = """\
+_SLP = "\n".join(  # a[i] = b[i] * c[i] + b[i], element by element
+    f"  %pb{i} = getelementptr float, ptr %b, i64 {i}\n  %vb{i} = load float, ptr %pb{i}\n"
+    f"  %pc{i} = getelementptr float, ptr %c, i64 {i}\n  %vc{i} = load float, ptr %pc{i}\n"
+    f"  %m{i} = fmul float %vb{i}, %vc{i}\n  %s{i} = fadd float %m{i}, %vb{i}\n"
+    f"  %pa{i} = getelementptr float, ptr %a, i64 {i}\n  store float %s{i}, ptr %pa{i}" for i in range(8))
+SENSITIVE_IR = f"""\
 source_filename = "sample"
 @g = external global float
 
-define void @slp(ptr noalias %a, ptr noalias %b, ptr noalias %c) {
-  %pb0 = getelementptr float, ptr %b, i64 0
-  %vb0 = load float, ptr %pb0
-  %pc0 = getelementptr float, ptr %c, i64 0
-  %vc0 = load float, ptr %pc0
-  %m0 = fmul float %vb0, %vc0
-  %s0 = fadd float %m0, %vb0
-  %pa0 = getelementptr float, ptr %a, i64 0
-  store float %s0, ptr %pa0
-  %pb1 = getelementptr float, ptr %b, i64 1
-  %vb1 = load float, ptr %pb1
-  %pc1 = getelementptr float, ptr %c, i64 1
-  %vc1 = load float, ptr %pc1
-  %m1 = fmul float %vb1, %vc1
-  %s1 = fadd float %m1, %vb1
-  %pa1 = getelementptr float, ptr %a, i64 1
-  store float %s1, ptr %pa1
-  %pb2 = getelementptr float, ptr %b, i64 2
-  %vb2 = load float, ptr %pb2
-  %pc2 = getelementptr float, ptr %c, i64 2
-  %vc2 = load float, ptr %pc2
-  %m2 = fmul float %vb2, %vc2
-  %s2 = fadd float %m2, %vb2
-  %pa2 = getelementptr float, ptr %a, i64 2
-  store float %s2, ptr %pa2
-  %pb3 = getelementptr float, ptr %b, i64 3
-  %vb3 = load float, ptr %pb3
-  %pc3 = getelementptr float, ptr %c, i64 3
-  %vc3 = load float, ptr %pc3
-  %m3 = fmul float %vb3, %vc3
-  %s3 = fadd float %m3, %vb3
-  %pa3 = getelementptr float, ptr %a, i64 3
-  store float %s3, ptr %pa3
-  %pb4 = getelementptr float, ptr %b, i64 4
-  %vb4 = load float, ptr %pb4
-  %pc4 = getelementptr float, ptr %c, i64 4
-  %vc4 = load float, ptr %pc4
-  %m4 = fmul float %vb4, %vc4
-  %s4 = fadd float %m4, %vb4
-  %pa4 = getelementptr float, ptr %a, i64 4
-  store float %s4, ptr %pa4
-  %pb5 = getelementptr float, ptr %b, i64 5
-  %vb5 = load float, ptr %pb5
-  %pc5 = getelementptr float, ptr %c, i64 5
-  %vc5 = load float, ptr %pc5
-  %m5 = fmul float %vb5, %vc5
-  %s5 = fadd float %m5, %vb5
-  %pa5 = getelementptr float, ptr %a, i64 5
-  store float %s5, ptr %pa5
-  %pb6 = getelementptr float, ptr %b, i64 6
-  %vb6 = load float, ptr %pb6
-  %pc6 = getelementptr float, ptr %c, i64 6
-  %vc6 = load float, ptr %pc6
-  %m6 = fmul float %vb6, %vc6
-  %s6 = fadd float %m6, %vb6
-  %pa6 = getelementptr float, ptr %a, i64 6
-  store float %s6, ptr %pa6
-  %pb7 = getelementptr float, ptr %b, i64 7
-  %vb7 = load float, ptr %pb7
-  %pc7 = getelementptr float, ptr %c, i64 7
-  %vc7 = load float, ptr %pc7
-  %m7 = fmul float %vb7, %vc7
-  %s7 = fadd float %m7, %vb7
-  %pa7 = getelementptr float, ptr %a, i64 7
-  store float %s7, ptr %pa7
+define void @slp(ptr noalias %a, ptr noalias %b, ptr noalias %c) {{
+{_SLP}
   ret void
-}
+}}
 
-define float @global() {
+define float @global() {{
   %v = load float, ptr @g
   ret float %v
-}
+}}
 
-define void @saxpy(ptr noalias %y, ptr noalias %x, float %s, i64 %n) {
+define void @saxpy(ptr noalias %y, ptr noalias %x, float %s, i64 %n) {{
 entry:
   br label %loop
 loop:
@@ -153,9 +95,9 @@ loop:
   br i1 %c, label %loop, label %done
 done:
   ret void
-}
+}}
 
-define i32 @table(i32 %x, i32 %y) {
+define i32 @table(i32 %x, i32 %y) {{
 entry:
   switch i32 %x, label %d [ i32 0, label %a0  i32 1, label %a1  i32 2, label %a2
                             i32 3, label %a3  i32 4, label %a4  i32 5, label %a5 ]
@@ -179,7 +121,7 @@ a5:
   ret i32 %r5
 d:
   ret i32 0
-}
+}}
 """
 
 
