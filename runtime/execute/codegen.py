@@ -83,6 +83,7 @@ class _Library:
         self.DisposeMessage(pointer)
         return text
 
+    @functools.cached_property
     def host(self) -> tuple[bytes, bytes]:
         """The host's CPU name and features, as `-mcpu=native` takes them."""
         name, features = self.message(self.GetHostCPUName()), self.message(self.GetHostCPUFeatures())
@@ -121,9 +122,10 @@ def _library(options: tuple[str, ...]) -> _Library:
     return library
 
 
-def host_cpu_name(options: tuple[str, ...] = ()) -> str:
+def host_cpu_name() -> str:
     """The CPU LLVM detects on this machine (what `-mcpu=native` stands for)."""
-    return _library(options).host()[0].decode()
+    with _lock:
+        return _loaded().host[0].decode()
 
 
 def object_code(source: bytes, triple: str, cpu: str | None, opt_level: int, codegen_level: int,
@@ -134,7 +136,7 @@ def object_code(source: bytes, triple: str, cpu: str | None, opt_level: int, cod
     with every feature LLVM detects, as `-mcpu=native`). `options` are llc's other options; the
     first call of a process fixes them."""
     library = _library(options)
-    name, features = library.host() if cpu is None else (cpu.encode(), b"")
+    name, features = library.host if cpu is None else (cpu.encode(), b"")
     failure = _STR()
     context = library.ContextCreate()
     module, machine, layout, pass_options = _P(), None, None, None

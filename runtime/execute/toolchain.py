@@ -201,7 +201,7 @@ def _balanced(sizes: dict[str, int], count: int) -> list[list[str]]:
 @functools.cache
 def host_cpu() -> str:
     """The CPU `-mcpu=native` stands for, as LLVM detects it."""
-    return codegen.host_cpu_name(CODEGEN_OPTIONS)
+    return codegen.host_cpu_name()
 
 
 def undefined_symbols(objects: Sequence[Path]) -> set[str]:

@@ -226,7 +226,7 @@ def _named_contraction(op: ir.Operation) -> None:
         lhs = _collapsed(lhs, lhs_groups)
         rhs = _collapsed(rhs, rhs_groups)
         if not k_first:
-            rhs = _transpose(rhs, [1, 0] if len(rhs_groups) == 2 else [0, 2, 1])
+            rhs = transposed(rhs, [1, 0] if len(rhs_groups) == 2 else [0, 2, 1])
         named = linalg.matmul if len(groups) == 2 else linalg.batch_matmul
         result = expand(_value(named(lhs, rhs, outs=[collapse(init, groups)])), groups, sizes)
     op.results[0].replace_all_uses_with(result)
@@ -250,7 +250,7 @@ def _collapsed(value: ir.Value, groups: list[list[int]]) -> ir.Value:
     if any(g != list(range(g[0], g[0] + len(g))) for g in sources):
         return collapse(value, groups)
     ordered = sorted(sources)
-    return _transpose(collapse(transpose.operands[0], ordered), [ordered.index(g) for g in sources])
+    return transposed(collapse(transpose.operands[0], ordered), [ordered.index(g) for g in sources])
 
 
 def _squeeze_transpose(op: ir.Operation) -> None:
@@ -266,7 +266,7 @@ def _squeeze_transpose(op: ir.Operation) -> None:
     with ir.InsertionPoint(op), op.location:
         value = collapse(source, _unit_groups(shape))
         if squeezed != sorted(squeezed):
-            value = _transpose(value, squeezed)
+            value = transposed(value, squeezed)
         result = expand(value, _unit_groups(out_shape), out_shape)
     op.results[0].replace_all_uses_with(result)
     op.erase()
@@ -301,7 +301,7 @@ def _unit_groups(shape: list[int]) -> list[list[int]]:
     return groups
 
 
-def _transpose(value: ir.Value, perm: list[int]) -> ir.Value:
+def transposed(value: ir.Value, perm: list[int]) -> ir.Value:
     """`value` transposed by `perm`."""
     empty = tensor.EmptyOp([_dim(value, p) for p in perm], ir.RankedTensorType(value.type).element_type).result
     return _value(linalg.transpose(value, outs=[empty], permutation=perm))

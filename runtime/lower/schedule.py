@@ -83,7 +83,7 @@ from mlir.dialects import arith, func, linalg, scf, tensor
 from ..cpu import Cpu, cores, select
 from ..internal import blaming
 from . import amx, bf16_dot, vecmath
-from .contractions import contraction_of_inputs, fold_transposes, normalize, sum_of_products
+from .contractions import contraction_of_inputs, fold_transposes, normalize, sum_of_products, transposed
 from .convolutions import CONV as _CONV
 from .convolutions import CONV_HWCF as _CONV_HWCF
 from .convolutions import DEPTHWISE as _DEPTHWISE
@@ -329,8 +329,7 @@ def _packed(w: ir.Value, shape: list[int]) -> ir.Value:
     [n / cols, k / 2, 2 cols]), a copy of it per call."""
     panels, pairs, width = shape
     split = expand(w, [[0, 1], [2, 3]], [panels, width // 2, pairs, 2])
-    empty = tensor.EmptyOp([panels, pairs, width // 2, 2], ir.RankedTensorType(w.type).element_type).result
-    return collapse(linalg.transpose(split, outs=[empty], permutation=[0, 2, 1, 3]).results[0], [[0], [1], [2, 3]])
+    return collapse(transposed(split, [0, 2, 1, 3]), [[0], [1], [2, 3]])
 
 
 def _amx_product(op: ir.Operation) -> None:
