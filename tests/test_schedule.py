@@ -826,22 +826,37 @@ def test_large_vector_matrix_products_read_their_rows_as_streams(dtype: torch.dt
 
 
 @pytest.mark.skipif(select().bf16_dot != "avx512_bf16", reason="vdpbf16ps: the target CPU's entry has no AVX512-BF16")
-def test_large_bf16_products_give_each_thread_a_chunk_of_columns() -> None:
+@pytest.mark.parametrize("cpu", ["zen4", "sapphirerapids"])
+def test_large_bf16_products_give_each_thread_a_chunk_of_columns(cpu: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """With opt="parallel", a bf16 product of SPLIT_MIN_MACS multiply-adds or more in the
     `bf16_dot` kernel gives each OpenMP thread an equal chunk of its columns (a tile of rows, then
     single rows, each chunk's weight rows from its own offset), a smaller one stays on the calling
-    thread; results are f32 sums of exact products rounded to bf16 once. (Entries without
-    AVX512-BF16 have no such kernel: `test_bf16_products_by_a_weight_stored_along_k...` checks
-    they compile to f32 FMAs.)"""
+    thread; where the entry has AMX (sapphirerapids), products of amx.MIN_ROWS rows or more run on
+    its tiles on the calling thread instead. Checked for both entries (compiled only), then run on
+    the host's: f32 sums of exact products rounded to bf16 once. (Entries without AVX512-BF16
+    have no such kernel: `test_bf16_products_by_a_weight_stored_along_k...` checks they compile
+    to f32 FMAs.)"""
     torch.manual_seed(0)
-    for rows, n in ((37, 512), (1, 96)):
+    monkeypatch.setenv("TORCHTOSA_CPU", cpu)
+    entry = select()
+    cases = ((37, 512), (1, 96))
+    for rows, n in cases:
         linear = nn.Linear(256, n, bias=False).to(torch.bfloat16).eval()
         x = torch.randn(rows, 256, dtype=torch.bfloat16)
-        chunked = schedule.threads() > 1 and rows * n * 256 >= schedule.SPLIT_MIN_MACS
-        assert ("tensor.parallel_insert_slice" in _ops(_linalg(linear, x, opt="parallel"))) == chunked
+        on_amx = entry.bf16_matmul == "amx" and rows >= amx.MIN_ROWS and amx.fits(rows, 256, n)
+        chunked = not on_amx and schedule.threads() > 1 and rows * n * 256 >= schedule.SPLIT_MIN_MACS
+        module = _linalg(linear, x, opt="parallel")
+        assert ("tensor.parallel_insert_slice" in _ops(module)) == chunked
+        assert (f"@torchtosa_amx_{n}x256x{amx.padded_rows(rows)}" in str(module)) == on_amx
+    monkeypatch.delenv("TORCHTOSA_CPU")
+    if not entry.runs_here:
+        return
+    for rows, n in cases:
+        linear = nn.Linear(256, n, bias=False).to(torch.bfloat16).eval()
+        x = torch.randn(rows, 256, dtype=torch.bfloat16)
         expected = x.float() @ linear.weight.float().t()
         with torch.no_grad():
-            got = torchtosa.compile(linear, x, opt="parallel")(x).float()
+            got = torchtosa.compile(linear, x, opt="parallel", cpu=cpu)(x).float()
         torch.testing.assert_close(got, expected, rtol=2**-8, atol=2**-8 * expected.abs().max().item())
 
 
