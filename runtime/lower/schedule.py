@@ -90,6 +90,7 @@ from .convolutions import DEPTHWISE as _DEPTHWISE
 from .convolutions import pads_in_place, static_f32
 from .half import is_half, widen_arithmetic
 from .irutil import (
+    clone_into,
     collapse,
     copy_body,
     defined_in,
@@ -125,6 +126,8 @@ PARALLEL_MIN_MACS = 1 << 24  # smaller contractions stay on the calling thread (
 # thread to be scheduled, up to milliseconds a call: the thresholds keep the region count down.
 SPLIT_MIN_MACS = 1 << 20
 SPLIT_MIN_ELEMENTS = 1 << 16
+SPLIT_ROW = 4096  # elements of a row a scalar result's first stage sums (`_split_long_reduction`)
+MAX_SCALAR_ROWS = 16  # at most this many partial results may be summed in scalars by the second stage
 MIN_K_CHUNK = 64  # rows of k of a chunk (`k_chunk`): its output tiles' loads and stores stay few beside its FMAs
 DYNAMIC_SIZE_GUESS = 64  # what _parallel_worth assumes a size known at run time only to be
 _PLAIN_MAPS = {
@@ -205,7 +208,9 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
     fold_transposes(module)
     split_prologues(module)
     collapse_outputs(module)
+    generalize_reductions(module)
     collapse_reductions(module)
+    split_long_reductions(module, tiles)
     normalize(module)
     pads_in_place(module)
     if amx.available(cpu):  # one thread's kernels, with opt="parallel" too: faster than two threads' FMAs
@@ -1499,6 +1504,36 @@ def _read_as_run(maps: list[list[int]], run: list[int]) -> bool:
     return True
 
 
+def generalize_reductions(module: ir.Module) -> None:
+    """Rewrite each `linalg.reduce` of floats as the equivalent generic, which the schedule tiles.
+
+    tosa-to-linalg makes a reduction a `linalg.reduce` and TOSA keeps the reduced dims as 1s; the
+    reshape that drops them fuses into it as a generic (`fuse-before-reshapes`), except where the
+    result is a scalar: `x.sum()` of a 1-D tensor stayed a named op the schedule didn't take, a
+    serial scalar loop (2^20 floats 5.4x eager's time, with 10x its rounding error). As a generic
+    it is a row reduction (`_row_reduction`): vector partial sums, summed across lanes once."""
+    with module.context, ir.Location.unknown():
+        for op in find_ops(module, lambda op: op.name == "linalg.reduce"):
+            types = [ir.RankedTensorType(v.type).element_type for v in op.operands]
+            if not all(isinstance(t, (ir.F32Type, ir.F16Type, ir.BF16Type)) for t in types):
+                continue
+            n_inits = len(op.results)
+            inputs, inits = list(op.operands)[:-n_inits], list(op.operands)[-n_inits:]
+            n_loops = ir.RankedTensorType(inputs[0].type).rank
+            reduced = set(ir.DenseI64ArrayAttr(op.attributes["dimensions"]))
+            kept = [d for d in range(n_loops) if d not in reduced]
+            maps = [dims_map(n_loops, list(range(n_loops)))] * len(inputs) + [dims_map(n_loops, kept)] * n_inits
+            iterators = [ir.Attribute.parse(f"#linalg.iterator_type<{'reduction' if d in reduced else 'parallel'}>")
+                         for d in range(n_loops)]
+            with blaming(op), ir.InsertionPoint(op), op.location:
+                generic = linalg.GenericOp([r.type for r in op.results], inputs, inits, ir.ArrayAttr.get(maps),
+                                           ir.ArrayAttr.get(iterators))
+                copy_body(op, generic)
+            for old, new in zip(op.results, generic.results, strict=True):
+                old.replace_all_uses_with(new)
+            op.erase()
+
+
 def collapse_reductions(module: ir.Module) -> None:
     """`_collapse_reductions` every generic contraction of `module`, `_collapse_row` every other
     generic reduction."""
@@ -1507,6 +1542,59 @@ def collapse_reductions(module: ir.Module) -> None:
         for op in find_ops(module, lambda op: op.name == "linalg.generic" and sum_of_products(op) is None):
             with blaming(op):
                 _collapse_row(op)
+
+
+def split_long_reductions(module: ir.Module, tiles: Tiles) -> None:
+    """`_split_long_reduction` each generic reducing a whole static 1-D operand to a scalar."""
+    with module.context, ir.Location.unknown():
+        for op in find_ops(module, lambda op: op.name == "linalg.generic" and map_dims(op)[-1] == []):
+            with blaming(op):
+                _split_long_reduction(op, tiles)
+
+
+def _split_long_reduction(op: ir.Operation, tiles: Tiles) -> None:
+    """Sum (or max, min) a long row in two stages: rows of at most SPLIT_ROW elements into one
+    partial result each, then those, instead of one row of vector partial sums.
+
+    Each lane of a row reduction's vector partial sums adds one element in `lanes` of the whole
+    row in order, so its rounding error grows with the row's length: `x.sum()` of 2^26 normal
+    floats was off by 0.11 (eager's cascade: 3e-4). Split, no lane adds more than
+    SPLIT_ROW / lanes + rows / lanes of them. The row length is the largest multiple of a vector
+    tile dividing the row that leaves a count of rows the second stage reduces in whole vectors
+    (or a few, MAX_SCALAR_ROWS, in scalars)."""
+    if len(ir.ArrayAttr(op.attributes["iterator_types"])) != 1 or not _row_reduction(op, tiles.lanes):
+        return  # (a generic of no loops: arithmetic on scalars)
+    (k,) = _loop_sizes(op)
+    row = max((r for r in range(tiles.vector, min(SPLIT_ROW, k // 2) + 1, tiles.vector)
+               if k % r == 0 and (k // r <= MAX_SCALAR_ROWS or k // r % tiles.lanes == 0)), default=None)
+    if row is None:
+        return
+    rows = k // row
+    block = op.regions[0].blocks[0]
+    combine = list(block.operations)[-2]
+    element = ir.RankedTensorType(op.results[0].type).element_type
+    identity = 0.0 if combine.name == "arith.addf" else float("-inf" if "max" in combine.name else "inf")
+    n_inputs = len(block.arguments) - 1
+    inputs, init = list(op.operands)[:n_inputs], op.operands[n_inputs]
+    parallel, reduction = (ir.Attribute.parse(f"#linalg.iterator_type<{kind}>") for kind in ("parallel", "reduction"))
+    with ir.InsertionPoint(op), op.location:
+        split = [expand(v, [[0, 1]], [rows, row]) for v in inputs]
+        zero = arith.ConstantOp(element, identity).result
+        partials_init = _value(linalg.fill(zero, outs=[tensor.EmptyOp([rows], element).result]))
+        maps = [dims_map(2, [0, 1])] * n_inputs + [dims_map(2, [0])]
+        first = linalg.GenericOp([partials_init.type], split, [partials_init], ir.ArrayAttr.get(maps),
+                                 ir.ArrayAttr.get([parallel, reduction]))
+        copy_body(op, first)
+        second = linalg.GenericOp([op.results[0].type], [first.results[0]], [init],
+                                  ir.ArrayAttr.get([dims_map(1, [0]), dims_map(1, [])]), ir.ArrayAttr.get([reduction]))
+        body = second.regions[0].blocks.append(element, element)
+        out = block.arguments[n_inputs]
+        value = next(v for v in combine.operands if v != out)
+        mapping = {value: body.arguments[0], out: body.arguments[1]}
+        clone_into(combine, mapping, ir.InsertionPoint(body))
+        linalg.YieldOp([mapping[combine.results[0]]], ip=ir.InsertionPoint(body))
+    op.results[0].replace_all_uses_with(second.results[0])
+    op.erase()
 
 
 def _collapse_row(op: ir.Operation) -> None:
