@@ -60,6 +60,7 @@ from .irutil import (
     expand,
     find_ops,
     is_sub_byte,
+    iterator_types,
     map_dims,
     positive_zero,
     static_insert,
@@ -360,9 +361,7 @@ def _group_products(pixels: ir.Value, taps: ir.Value, acc: ir.Value) -> ir.Value
     """acc[g, n, h, w, m] + sum over k of pixels[n, h, w, g, k] * taps[g, k, m]: a batched matmul
     (loops g, n, h, w, m, k; rows w) that reads the pixels of every group in place."""
     maps = ir.ArrayAttr.get([dims_map(6, dims) for dims in ([1, 2, 3, 0, 5], [0, 5, 4], [0, 1, 2, 3, 4])])
-    kinds = ir.ArrayAttr.get([ir.Attribute.parse(f"#linalg.iterator_type<{'reduction' if d == 5 else 'parallel'}>")
-                              for d in range(6)])
-    generic = linalg.GenericOp([acc.type], [pixels, taps], [acc], maps, kinds)
+    generic = linalg.GenericOp([acc.type], [pixels, taps], [acc], maps, iterator_types(6, [5]))
     f32 = ir.F32Type.get()
     body = generic.regions[0].blocks.append(f32, f32, f32)
     contract = ir.Attribute.parse("#arith.fastmath<contract>")

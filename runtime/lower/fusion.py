@@ -20,7 +20,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import linalg, tensor
 
-from .irutil import clone_into, copy_body, dims_map, expand, find_ops
+from .irutil import clone_into, copy_body, dims_map, expand, find_ops, iterator_types
 
 _CONVERSIONS = frozenset({"arith.extf", "arith.truncf", "arith.extsi", "arith.extui", "arith.trunci",
                           "arith.sitofp", "arith.uitofp"})
@@ -107,8 +107,7 @@ def _reshaped(producer: linalg.GenericOp, reshape: ir.Operation) -> ir.Value | N
         element = ir.RankedTensorType(producer.results[0].type).element_type
         empty = tensor.empty(shape.shape, element)
         moved = linalg.GenericOp([ir.RankedTensorType.get(shape.shape, element)], operands, [empty],
-                                 ir.ArrayAttr.get([*new_maps, every]),
-                                 ir.ArrayAttr.get([ir.Attribute.parse("#linalg.iterator_type<parallel>")] * shape.rank))
+                                 ir.ArrayAttr.get([*new_maps, every]), iterator_types(shape.rank))
         copy_body(producer, moved)
     return moved.results[0]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from mlir import ir
 from mlir.dialects import arith, tensor
@@ -196,6 +196,13 @@ def copy_body(source: ir.Operation, generic: ir.OpView) -> None:
 def dims_map(n_loops: int, dims: list[int]) -> ir.AffineMapAttr:
     """The indexing map of an operand indexed by the loops `dims` (of `n_loops`): `map_dims`'s inverse."""
     return ir.AffineMapAttr.get(ir.AffineMap.get(n_loops, 0, [ir.AffineDimExpr.get(d) for d in dims]))
+
+
+def iterator_types(n_loops: int, reductions: Iterable[int] = ()) -> ir.ArrayAttr:
+    """A linalg generic's iterator types: the loops `reductions` reduce, the others are parallel."""
+    reduced = set(reductions)
+    return ir.ArrayAttr.get([ir.Attribute.parse(f"#linalg.iterator_type<{'reduction' if d in reduced else 'parallel'}>")
+                             for d in range(n_loops)])
 
 
 def map_dims(op: ir.Operation) -> list[list[int]]:

@@ -42,7 +42,7 @@ from .copies import row_copies
 from .float_int8 import fast_int8_contractions
 from .fusion import fuse_elementwise
 from .half import round_bf16_in_integers
-from .irutil import find_ops, is_sub_byte, run_passes, top_level
+from .irutil import find_ops, is_sub_byte, iterator_types, run_passes, top_level
 from .partition import partition
 from .schedule import schedule
 from .sink import sink_transposes
@@ -619,7 +619,6 @@ def _exact_float_arith(module: ir.Module) -> None:
 
 
 def _generic_float_arith(found: list[ir.Operation]) -> None:
-    parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
     for op in found:
         result = ir.RankedTensorType(op.results[0].type)
         shape, elem = list(result.shape), result.element_type
@@ -636,7 +635,7 @@ def _generic_float_arith(found: list[ir.Operation]) -> None:
         with ir.InsertionPoint(op), op.location:
             empty = tensor.EmptyOp(shape, elem).result
             generic = linalg.GenericOp([result], operands, [empty], ir.ArrayAttr.get(maps),
-                                       ir.ArrayAttr.get([parallel] * len(shape)))
+                                       iterator_types(len(shape)))
             body = generic.regions[0].blocks.append(elem, elem, elem)
             with ir.InsertionPoint(body):
                 linalg.YieldOp([_FLOAT_ARITH[op.name](body.arguments[0], body.arguments[1]).result])

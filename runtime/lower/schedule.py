@@ -98,6 +98,7 @@ from .irutil import (
     expand,
     find_ops,
     insert_functions,
+    iterator_types,
     map_dims,
     positive_zero,
     run_passes,
@@ -384,8 +385,7 @@ def _amx_product(op: ir.Operation) -> None:
             product = _extract(product, [0, 0], [n, m])
         flat = collapse(init, groups)
         maps = ir.ArrayAttr.get([dims_map(2, [1, 0]), dims_map(2, [0, 1])])
-        parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
-        generic = linalg.GenericOp([flat.type], [product], [flat], maps, ir.ArrayAttr.get([parallel] * 2))
+        generic = linalg.GenericOp([flat.type], [product], [flat], maps, iterator_types(2))
         body = generic.regions[0].blocks.append(f32, f32)
         with ir.InsertionPoint(body):
             linalg.YieldOp([arith.AddFOp(body.arguments[1], body.arguments[0]).result])
@@ -573,9 +573,8 @@ def _extended(value: ir.Value, dims: list[int] | None = None, shape: list | None
     rank = len(shape)
     f32 = ir.F32Type.get()
     empty = tensor.EmptyOp(shape, f32).result
-    parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
     maps = ir.ArrayAttr.get([dims_map(rank, dims), dims_map(rank, list(range(rank)))])
-    generic = linalg.GenericOp([empty.type], [value], [empty], maps, ir.ArrayAttr.get([parallel] * rank))
+    generic = linalg.GenericOp([empty.type], [value], [empty], maps, iterator_types(rank))
     body = generic.regions[0].blocks.append(ir.RankedTensorType(value.type).element_type, f32)
     with ir.InsertionPoint(body):
         linalg.YieldOp([arith.ExtFOp(f32, body.arguments[0]).result])
@@ -631,9 +630,7 @@ def _dot_form(op: ir.Operation, transpose: ir.Operation) -> None:
     maps = [[*range(batch), m, k], source_loops, [*range(batch), m, n]]
     with ir.InsertionPoint(op), op.location:
         attr = ir.ArrayAttr.get([dims_map(rank, dims) for dims in maps])
-        kinds = [ir.Attribute.parse(f"#linalg.iterator_type<{'reduction' if d == k else 'parallel'}>")
-                 for d in range(rank)]
-        generic = linalg.GenericOp([init.type], [lhs, source], [init], attr, ir.ArrayAttr.get(kinds))
+        generic = linalg.GenericOp([init.type], [lhs, source], [init], attr, iterator_types(rank, [k]))
         body = generic.regions[0].blocks.append(*(ir.RankedTensorType(v.type).element_type
                                                   for v in (lhs, source, init)))
         contract = ir.Attribute.parse("#arith.fastmath<contract>")
@@ -749,7 +746,9 @@ def _dot_rows(op: ir.Operation, n: int, k: int) -> int | None:
 
 # What a row's partial results combine with: the ops tile_reduction_using_for knows the
 # identity of (a sum, a maximum, a minimum)
-_COMBINERS = ("arith.addf", "arith.maximumf", "arith.maxnumf", "arith.minimumf", "arith.minnumf")
+# the ops a row reduction combines its output with one value by, and each one's identity
+_COMBINERS = {"arith.addf": 0.0, "arith.maximumf": -math.inf, "arith.maxnumf": -math.inf,
+              "arith.minimumf": math.inf, "arith.minnumf": math.inf}
 
 
 def _row_reduction(op: ir.Operation, lanes: int) -> bool:
@@ -1058,10 +1057,9 @@ def _panels_by_rows(columns: ir.Value, out: ir.Value) -> ir.Value:
     """`columns` ([k, panels, columns of a panel]) copied into `out` ([panels, k, columns]) by a
     generic whose loops run over k outside the panels: each row of the operand read once,
     contiguously (a transpose's loops follow its output, each panel's rows far apart)."""
-    parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
     maps = ir.ArrayAttr.get([dims_map(3, [0, 1, 2]), dims_map(3, [1, 0, 2])])
     element = ir.RankedTensorType(out.type).element_type
-    generic = linalg.GenericOp([out.type], [columns], [out], maps, ir.ArrayAttr.get([parallel] * 3))
+    generic = linalg.GenericOp([out.type], [columns], [out], maps, iterator_types(3))
     body = generic.regions[0].blocks.append(element, element)
     with ir.InsertionPoint(body):
         linalg.YieldOp([body.arguments[0]])
@@ -1523,11 +1521,9 @@ def generalize_reductions(module: ir.Module) -> None:
             reduced = set(ir.DenseI64ArrayAttr(op.attributes["dimensions"]))
             kept = [d for d in range(n_loops) if d not in reduced]
             maps = [dims_map(n_loops, list(range(n_loops)))] * len(inputs) + [dims_map(n_loops, kept)] * n_inits
-            iterators = [ir.Attribute.parse(f"#linalg.iterator_type<{'reduction' if d in reduced else 'parallel'}>")
-                         for d in range(n_loops)]
             with blaming(op), ir.InsertionPoint(op), op.location:
                 generic = linalg.GenericOp([r.type for r in op.results], inputs, inits, ir.ArrayAttr.get(maps),
-                                           ir.ArrayAttr.get(iterators))
+                                           iterator_types(n_loops, reduced))
                 copy_body(op, generic)
             for old, new in zip(op.results, generic.results, strict=True):
                 old.replace_all_uses_with(new)
@@ -1547,7 +1543,7 @@ def collapse_reductions(module: ir.Module) -> None:
 def split_long_reductions(module: ir.Module, tiles: Tiles) -> None:
     """`_split_long_reduction` each generic reducing a whole static 1-D operand to a scalar."""
     with module.context, ir.Location.unknown():
-        for op in find_ops(module, lambda op: op.name == "linalg.generic" and map_dims(op)[-1] == []):
+        for op in find_ops(module, lambda op: op.name == "linalg.generic"):
             with blaming(op):
                 _split_long_reduction(op, tiles)
 
@@ -1556,14 +1552,15 @@ def _split_long_reduction(op: ir.Operation, tiles: Tiles) -> None:
     """Sum (or max, min) a long row in two stages: rows of at most SPLIT_ROW elements into one
     partial result each, then those, instead of one row of vector partial sums.
 
-    Each lane of a row reduction's vector partial sums adds one element in `lanes` of the whole
-    row in order, so its rounding error grows with the row's length: `x.sum()` of 2^26 normal
-    floats was off by 0.11 (eager's cascade: 3e-4). Split, no lane adds more than
-    SPLIT_ROW / lanes + rows / lanes of them. The row length is the largest multiple of a vector
-    tile dividing the row that leaves a count of rows the second stage reduces in whole vectors
-    (or a few, MAX_SCALAR_ROWS, in scalars)."""
+    Each element of a row reduction's vector tile of partial sums (`Tiles.vector` wide) adds one
+    element in `Tiles.vector` of the whole row in order, so its rounding error grows with the
+    row's length: `x.sum()` of 2^26 normal floats was off by 0.11 (eager's cascade: 3e-4). Split,
+    none adds more than SPLIT_ROW / vector + rows / vector of them. The row length is the largest
+    multiple of the vector tile dividing the row that leaves a count of rows the second stage
+    reduces in whole vectors (or a few, MAX_SCALAR_ROWS, in scalars). A row reduction of a single
+    loop has a scalar result (`_row_reduction`: the output is not indexed by its reductions)."""
     if len(ir.ArrayAttr(op.attributes["iterator_types"])) != 1 or not _row_reduction(op, tiles.lanes):
-        return  # (a generic of no loops: arithmetic on scalars)
+        return
     (k,) = _loop_sizes(op)
     row = max((r for r in range(tiles.vector, min(SPLIT_ROW, k // 2) + 1, tiles.vector)
                if k % r == 0 and (k // r <= MAX_SCALAR_ROWS or k // r % tiles.lanes == 0)), default=None)
@@ -1573,20 +1570,18 @@ def _split_long_reduction(op: ir.Operation, tiles: Tiles) -> None:
     block = op.regions[0].blocks[0]
     combine = list(block.operations)[-2]
     element = ir.RankedTensorType(op.results[0].type).element_type
-    identity = 0.0 if combine.name == "arith.addf" else float("-inf" if "max" in combine.name else "inf")
     n_inputs = len(block.arguments) - 1
     inputs, init = list(op.operands)[:n_inputs], op.operands[n_inputs]
-    parallel, reduction = (ir.Attribute.parse(f"#linalg.iterator_type<{kind}>") for kind in ("parallel", "reduction"))
     with ir.InsertionPoint(op), op.location:
         split = [expand(v, [[0, 1]], [rows, row]) for v in inputs]
-        zero = arith.ConstantOp(element, identity).result
-        partials_init = _value(linalg.fill(zero, outs=[tensor.EmptyOp([rows], element).result]))
+        identity = arith.ConstantOp(element, _COMBINERS[combine.name]).result
+        partials_init = _value(linalg.fill(identity, outs=[tensor.EmptyOp([rows], element).result]))
         maps = [dims_map(2, [0, 1])] * n_inputs + [dims_map(2, [0])]
         first = linalg.GenericOp([partials_init.type], split, [partials_init], ir.ArrayAttr.get(maps),
-                                 ir.ArrayAttr.get([parallel, reduction]))
+                                 iterator_types(2, [1]))
         copy_body(op, first)
         second = linalg.GenericOp([op.results[0].type], [first.results[0]], [init],
-                                  ir.ArrayAttr.get([dims_map(1, [0]), dims_map(1, [])]), ir.ArrayAttr.get([reduction]))
+                                  ir.ArrayAttr.get([dims_map(1, [0]), dims_map(1, [])]), iterator_types(1, [0]))
         body = second.regions[0].blocks.append(element, element)
         out = block.arguments[n_inputs]
         value = next(v for v in combine.operands if v != out)
@@ -1701,8 +1696,6 @@ def _materialize(op: ir.Operation, value: ir.Value, domain: list[int]) -> ir.Val
     operands = list(op.operands)
     sizes = _generic_loop_sizes(op)
     args = _arguments_of(value, block)
-    parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
-
     def amap(dims: list[int]) -> ir.AffineMapAttr:
         exprs = [ir.AffineDimExpr.get(domain.index(d)) for d in dims]
         return ir.AffineMapAttr.get(ir.AffineMap.get(len(domain), 0, exprs))
@@ -1714,7 +1707,7 @@ def _materialize(op: ir.Operation, value: ir.Value, domain: list[int]) -> ir.Val
         result = empty.type
         generic = linalg.GenericOp([result], [operands[a] for a in args], [empty],
                                    ir.ArrayAttr.get([amap(maps[a]) for a in args] + [amap(domain)]),
-                                   ir.ArrayAttr.get([parallel] * len(domain)))
+                                   iterator_types(len(domain)))
         new_block = generic.regions[0].blocks.append(*[block.arguments[a].type for a in args], element)
     mapping = [(block.arguments[a], new_block.arguments[i]) for i, a in enumerate(args)]
 
