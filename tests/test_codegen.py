@@ -193,7 +193,7 @@ def test_undefined_symbols_as_llvm_nm_lists_them(tmp_path: Path) -> None:
     host = cpus.host()
     (tmp_path / "objects").mkdir()
     objects = toolchain.machine_code(_llvm_ir(host), tmp_path / "objects", host)
-    library = native.shared_object(_lowered(host), "forward", host, tmp_path)
+    library = native.shared_object(native.library_ir(_lowered(host), "forward"), host, tmp_path)
     for files in (objects, [library], [*objects, library]):
         undefined = toolchain.undefined_symbols(files)
         assert undefined == _nm_undefined(files)

@@ -106,7 +106,7 @@ def test_forced_entry_uses_only_its_registers(name: str, tmp_path: Path) -> None
     if c.native:
         return  # the JIT's, for the host: every register it has
     _, module = _lowered(c)
-    asm = _disassembly(native.shared_object(module, "forward", c, tmp_path))
+    asm = _disassembly(native.shared_object(native.library_ir(module, "forward"), c, tmp_path))
     assert ("%zmm" in asm) == (c.vector_bits == 512)  # its widest registers, and none wider
     assert c.vector_bits == 512 or "%ymm" in asm
 

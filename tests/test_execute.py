@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 
@@ -11,6 +12,7 @@ import torch
 from mlir import ir
 
 from torchtosa.errors import CompileError, InputMismatch, Unsupported
+from torchtosa.execute import native as native_module
 from torchtosa.execute.native import NativeFunction, TensorSpec
 from torchtosa.lower.pipeline import PIPELINES, lower
 
@@ -394,3 +396,34 @@ def test_two_threads() -> None:
     for thread in threads:
         thread.join()
     assert failures == []
+
+
+def _mapped_libraries() -> int:
+    """How many mappings of libraries `native._load` compiled (in torchtosa- temporary folders)."""
+    with open("/proc/self/maps") as f:
+        return sum("/torchtosa-" in line for line in f)
+
+
+@pytest.mark.parametrize(("limit", "jit"), [(0, False), (10**9, True)])
+def test_small_code_is_jit_compiled_and_large_code_a_library(monkeypatch: pytest.MonkeyPatch, limit: int,
+                                                             jit: bool) -> None:
+    """With the disk cache off, LLVM IR below JIT_MAX_IR_BYTES goes to the JIT, the rest to a
+    library (`_jit_is_faster`); both compute the same."""
+    monkeypatch.setattr(native_module, "JIT_MAX_IR_BYTES", limit)
+    f = native(ADD_MUL, [A, B], [A, A, B])
+    assert (hasattr(f, "_engine"), hasattr(f, "_library")) == (jit, not jit)
+    a, b = rand(4, 3), rand(1, 3, seed=1)
+    s, p, _ = f(a, b)
+    assert torch.equal(s, a + b) and torch.equal(p, (a + b) * b)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc")
+def test_a_library_is_unmapped_when_its_function_goes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native_module, "JIT_MAX_IR_BYTES", 0)
+    before = _mapped_libraries()
+    f = native(ADD_MUL, [A, B], [A, A, B])
+    f(rand(4, 3), rand(1, 3, seed=1))
+    assert _mapped_libraries() > before
+    del f
+    gc.collect()
+    assert _mapped_libraries() == before

@@ -16,7 +16,7 @@ from mlir import ir
 
 from torchtosa.cpu import Cpu, host_arch, select, table
 from torchtosa.execute import toolchain
-from torchtosa.execute.native import NativeFunction, TensorSpec, _prepare, shared_object
+from torchtosa.execute.native import NativeFunction, TensorSpec, _prepare, library_ir, shared_object
 from torchtosa.lower import int8_dot, pipeline
 from torchtosa.lower.float_int8 import EXACT_TERMS, fast_int8_contractions
 from torchtosa.lower.zero_points import separate_zero_points
@@ -117,7 +117,7 @@ def checked_on(src: str, inputs: list[TensorSpec], outputs: list[TensorSpec], cp
         module = _prepare(ir.Module.parse(src), "forward", tuple(inputs), tuple(outputs))
         pipeline.lower(module, "default", cpu=cpu)
         if cpu.arch == host_arch():
-            assert shared_object(module, "forward", cpu, work).is_file()
+            assert shared_object(library_ir(module, "forward"), cpu, work).is_file()
         else:
             assert all(o.is_file() for o in toolchain.machine_code(toolchain.llvm_ir(module), work, cpu))
     return []

@@ -8,6 +8,7 @@ no tensor is copied across the boundary. Booleans are bytes (i8) in memory.
 
 from __future__ import annotations
 
+import _ctypes
 import ctypes
 import functools
 import glob
@@ -17,6 +18,7 @@ import operator
 import os
 import tempfile
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,18 +147,21 @@ class NativeFunction:
             started = time.perf_counter()
             progress.stage("LLVM code generation")
             try:
-                if self.cpu.native and entry is None:
+                # the JIT's IR has no packed wrapper (it makes its own): sized without it
+                jit = self.cpu.native and entry is None and _jit_is_faster(toolchain.llvm_ir(self._module))
+                if jit:
                     self._engine = _jit(self._module)
                     address = self._engine.raw_lookup("_mlir_ciface_" + name)
                     if not address:
                         raise CompileError(f"JIT could not link @{name} (unresolved symbols are reported on stderr)")
                 else:
-                    self._library, address = _load(self._module, name, self.cpu, entry, scratch)
+                    self._library, address = _load(library_ir(self._module, name), name, self.cpu, entry, scratch)
+                    weakref.finalize(self, _unload, self._library)
             except Exception as err:
                 blame(err, stage="LLVM code generation")
                 raise
             if artifacts is not None:
-                how = "JIT" if self.cpu.native and entry is None else "LLVM -O2, cc"
+                how = "JIT" if jit else "LLVM -O2, cc"
                 artifacts.note(f"LLVM code generation ({how}): {time.perf_counter() - started:.3f} s")
         self._fn = _PACKED(address)
         self._layout = _FrameLayout([s.shape for s in self.inputs + self.outputs], scratch)
@@ -392,9 +397,30 @@ def _writable(attrs: ir.DictAttr | None, writable: bool) -> ir.DictAttr:
     return ir.DictAttr.get(entries)
 
 
-def _load(module: ir.Module, name: str, cpu: Cpu, entry: str | None,
-          scratch: list[Scratch]) -> tuple[ctypes.CDLL, int]:
-    """Compile an LLVM-dialect module as `export_library` does (LLVM -O2 for the entry's
+def _jit_is_faster(text: str) -> bool:
+    """Whether the JIT compiles this LLVM IR sooner than LLVM's code generation into a library
+    (`_load`, in a temporary directory): below JIT_MAX_IR_BYTES, or where no C compiler links one.
+
+    The JIT costs less to start (no `cc` process, no files), but generates code with LLVM's
+    default options (the MLIR bindings' LLVM takes no command-line options), which schedule
+    instructions twice (`toolchain.CODEGEN_OPTIONS` turns that off for a library): on 60 op
+    samples of opdefs/ (Emerald Rapids-class VM), from about 24 KB of IR the library was the
+    sooner, and 1.3-1.7x sooner from 50 KB (an encoder layer's 690 KB: 1.9 against 0.8 s).
+    """
+    if len(text) < JIT_MAX_IR_BYTES:
+        return True
+    try:
+        toolchain.c_compiler()
+    except CompileError:
+        return True
+    return False
+
+
+JIT_MAX_IR_BYTES = 24_000
+
+
+def _load(text: str, name: str, cpu: Cpu, entry: str | None, scratch: list[Scratch]) -> tuple[ctypes.CDLL, int]:
+    """Compile the LLVM IR of `library_ir` as `export_library` does (LLVM -O2 for the entry's
     CPU, then `cc -shared`), keep it in the disk cache under `entry` (with its `scratch`) if not
     None, and load it: the library, and the address of `@name`'s packed wrapper.
 
@@ -404,7 +430,7 @@ def _load(module: ir.Module, name: str, cpu: Cpu, entry: str | None,
     on an AVX-512 host) that the same code compiled for that CPU (`toolchain`) does not.
     """
     with tempfile.TemporaryDirectory(prefix="torchtosa-") as tmp:
-        path = shared_object(module, name, cpu, Path(tmp))
+        path = shared_object(text, cpu, Path(tmp))
         if entry is not None:
             path = disk_cache.store(entry, path, {"scratch": scratch})
         return _open(path, name)  # mapped: the temporary file may go
@@ -417,14 +443,26 @@ def _open(path: Path, name: str) -> tuple[ctypes.CDLL, int]:
     return library, ctypes.cast(getattr(library, PACKED_PREFIX + name), ctypes.c_void_p).value
 
 
+def _unload(library: ctypes.CDLL) -> None:
+    """Unmap a library `_open` loaded, once its NativeFunction is gone (each load of a path counts
+    once: a library two functions loaded stays until both are gone)."""
+    _ctypes.dlclose(library._handle)
+
+
 PACKED_PREFIX = "torchtosa_packed_"
 
 
-def shared_object(module: ir.Module, name: str, cpu: Cpu, work: Path) -> Path:
-    """`work`/kernel.so: an LLVM-dialect module compiled for `cpu` with a packed wrapper of
-    `@name` (`PACKED_PREFIX + name`), linked with the runtime libraries its code calls."""
+def library_ir(module: ir.Module, name: str) -> str:
+    """The LLVM IR of an LLVM-dialect module with a packed wrapper of `@name` (`PACKED_PREFIX +
+    name`), which a library's caller calls; the JIT calls `_mlir_ciface_<name>` instead."""
     _packed_wrapper(module, name, PACKED_PREFIX + name)
-    objects = toolchain.machine_code(toolchain.llvm_ir(module), work, cpu)
+    return toolchain.llvm_ir(module)
+
+
+def shared_object(text: str, cpu: Cpu, work: Path) -> Path:
+    """`work`/kernel.so: the LLVM IR of `library_ir` compiled for `cpu`, linked with the runtime
+    libraries its code calls."""
+    objects = toolchain.machine_code(text, work, cpu)
     runtime = [_runner_utils()]
     undefined = toolchain.undefined_symbols(objects)
     if any(s.startswith(("__kmpc_", "omp_")) for s in undefined):
