@@ -156,7 +156,7 @@ class NativeFunction:
                         raise CompileError(f"JIT could not link @{name} (unresolved symbols are reported on stderr)")
                 else:
                     self._library, address = _load(library_ir(self._module, name), name, self.cpu, entry, scratch)
-                    weakref.finalize(self, _unload, self._library)
+                    weakref.finalize(self, _unload, self._library).atexit = False  # exit unmaps all
             except Exception as err:
                 blame(err, stage="LLVM code generation")
                 raise
