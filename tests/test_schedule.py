@@ -1155,35 +1155,36 @@ def test_long_rows_reduce_in_vector_partial_results(fn: Callable, shape: tuple[i
 
 @pytest.mark.parametrize("fn", [lambda t: t.sum(), lambda t: t.amax(), lambda t: (t * t).mean()],
                          ids=["sum", "amax", "mean_of_squares"])
-@pytest.mark.parametrize("n", [1 << 20, 15 * 4096, 1_000_003])
+@pytest.mark.parametrize("n", [1 << 20, 15 * 4096, 1_000_003, 4099])
 def test_a_whole_1d_tensor_reduces_in_vector_partial_results(fn: Callable, n: int) -> None:
     """A reduction of a whole 1-D tensor to a scalar (tosa-to-linalg's `linalg.reduce`, which no
     reshape fuses into a generic there) is scheduled as any long row (a serial scalar loop before:
     x.sum() of 2^20 floats 5.4x eager's time, with 10x its error); a row whose length a vector tile
-    divides sums in two stages (`_split_long_reduction`); a prime length is tiled as other
-    reductions (whole vectors, then the rest). Eager's values."""
+    divides sums in two stages (`_split_long_reduction`), and so does the most of a prime length
+    (a short one: its whole vectors), the rest first. Eager's values."""
     x = torch.randn(n)
     module = _linalg(fn, x)
     assert not find_ops(module, lambda op: op.name == "linalg.reduce")
     vector = derive(select()).vector
-    if n % vector == 0:  # (a prime length: whole vectors, then the rest, as other reductions)
-        carried = find_ops(module, lambda op: op.name == "scf.for" and any(
-            isinstance(r.type, ir.VectorType) and ir.VectorType(r.type).shape[:1] == [vector] for r in op.results))
-        assert carried, "no loop carries a vector tile of partial results"
+    carried = find_ops(module, lambda op: op.name == "scf.for" and any(
+        isinstance(r.type, ir.VectorType) and ir.VectorType(r.type).shape[:1] == [vector] for r in op.results))
+    assert carried, "no loop carries a vector tile of partial results"
     torch.testing.assert_close(torchtosa.compile(fn, x)(x), fn(x), rtol=1e-5, atol=1e-5)
 
 
-def test_a_long_sum_to_a_scalar_rounds_as_a_two_stage_sum() -> None:
+@pytest.mark.parametrize("n", [1 << 22, 4_194_301])
+def test_a_long_sum_to_a_scalar_rounds_as_a_two_stage_sum(n: int) -> None:
     """The two stages bound each partial result's chain of additions by SPLIT_ROW / vector of a
     row plus rows / vector of the second stage: the sum of 2^22 copies of float32(1/3) (each
     addition rounding the same way, so the error grows with the chain) is within that many
     roundings of the exact sum (one stage of vector partial sums: 1.9e-4 relative, a serial loop
-    8e-3; eager's cascade 9e-8)."""
-    n = 1 << 22
+    8e-3; eager's cascade 9e-8). A prime length (4194301) is cut after whole rows, and its rest
+    summed so first, into the second stage's start (one stage: 7.7e-4)."""
     x = torch.full((n,), 1 / 3)
     tiles = derive(select())
     rows = n // schedule.SPLIT_ROW
-    chain = schedule.SPLIT_ROW // tiles.vector + rows // tiles.vector + tiles.vector.bit_length()
+    rest = schedule.SPLIT_ROW // tiles.vector if n % schedule.SPLIT_ROW else 0  # the rest's own stages
+    chain = schedule.SPLIT_ROW // tiles.vector + rows // tiles.vector + tiles.vector.bit_length() + rest
     exact = x.double().sum().item()
     got = torchtosa.compile(lambda t: t.sum(), x)(x).item()
     assert abs(got - exact) <= chain * 2**-24 * exact

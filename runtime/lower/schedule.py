@@ -103,6 +103,7 @@ from .irutil import (
     positive_zero,
     run_passes,
     run_transform,
+    static_slice,
 )
 from .irutil import tensor_dim as _dim
 from .irutil import tensor_shape as _shape
@@ -759,14 +760,19 @@ def _row_reduction(op: ir.Operation, lanes: int) -> bool:
     in vector partial results across the whole row and across lanes once
     (`tile_reduction_using_for`, as a dot product), not across lanes at every tile: a sum of
     rows of 12544 ran 5.6x slower than eager."""
+    if not _reduces_rows(op):
+        return False
+    sizes = _loop_sizes(op)
+    return sizes is not None and None not in sizes and sizes[-1] >= 2 * lanes and sizes[-1] % lanes == 0
+
+
+def _reduces_rows(op: ir.Operation) -> bool:
+    """`_row_reduction` but for the size of its rows."""
     if op.name != "linalg.generic" or sum_of_products(op) is not None:
         return False
     kinds = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
     k = len(kinds) - 1
     if "reduction" not in kinds[k]:
-        return False
-    sizes = _loop_sizes(op)
-    if sizes is None or None in sizes or sizes[k] < 2 * lanes or sizes[k] % lanes:
         return False
     maps = map_dims(op)
     reductions = [d for d, kind in enumerate(kinds) if "reduction" in kind]
@@ -1557,20 +1563,37 @@ def _split_long_reduction(op: ir.Operation, tiles: Tiles) -> None:
     row's length: `x.sum()` of 2^26 normal floats was off by 0.11 (eager's cascade: 3e-4). Split,
     none adds more than SPLIT_ROW / vector + rows / vector of them. The row length is the largest
     multiple of the vector tile dividing the row that leaves a count of rows the second stage
-    reduces in whole vectors (or a few, MAX_SCALAR_ROWS, in scalars). A row reduction of a single
-    loop has a scalar result (`_row_reduction`: the output is not indexed by its reductions)."""
-    if len(ir.ArrayAttr(op.attributes["iterator_types"])) != 1 or not _row_reduction(op, tiles.lanes):
+    reduces in whole vectors (or a few, MAX_SCALAR_ROWS, in scalars). A row no such length
+    divides (a prime length) is cut (`_peel`) after as many rows of SPLIT_ROW as that allows, and
+    a shorter one after its whole vectors: the rest, reduced first, is split so in turn. A row
+    reduction of a single loop has a scalar result (`_reduces_rows`: the output is not indexed
+    by its reductions); every input reads the whole row, and no `linalg.index` names the loop."""
+    if len(ir.ArrayAttr(op.attributes["iterator_types"])) != 1 or not _reduces_rows(op):
         return
-    (k,) = _loop_sizes(op)
+    sizes = _loop_sizes(op)
+    block = op.regions[0].blocks[0]
+    n_inputs = len(block.arguments) - 1
+    if (sizes is None or sizes[0] is None or any(dims != [0] for dims in map_dims(op)[:n_inputs])
+            or any(inner.name == "linalg.index" for inner in block.operations)):
+        return
+    (k,) = sizes
     row = max((r for r in range(tiles.vector, min(SPLIT_ROW, k // 2) + 1, tiles.vector)
                if k % r == 0 and (k // r <= MAX_SCALAR_ROWS or k // r % tiles.lanes == 0)), default=None)
     if row is None:
+        rows = k // SPLIT_ROW
+        if rows >= 2:
+            at = (rows if rows <= MAX_SCALAR_ROWS else rows - rows % tiles.lanes) * SPLIT_ROW
+        elif k % tiles.lanes and k >= 2 * tiles.lanes:
+            at = k - k % tiles.lanes
+        else:
+            return
+        head, rest = _peel(op, at)
+        _split_long_reduction(rest, tiles)
+        _split_long_reduction(head, tiles)
         return
     rows = k // row
-    block = op.regions[0].blocks[0]
     combine = list(block.operations)[-2]
     element = ir.RankedTensorType(op.results[0].type).element_type
-    n_inputs = len(block.arguments) - 1
     inputs, init = list(op.operands)[:n_inputs], op.operands[n_inputs]
     with ir.InsertionPoint(op), op.location:
         split = [expand(v, [[0, 1]], [rows, row]) for v in inputs]
@@ -1590,6 +1613,24 @@ def _split_long_reduction(op: ir.Operation, tiles: Tiles) -> None:
         linalg.YieldOp([mapping[combine.results[0]]], ip=ir.InsertionPoint(body))
     op.results[0].replace_all_uses_with(second.results[0])
     op.erase()
+
+
+def _peel(op: ir.Operation, at: int) -> tuple[ir.Operation, ir.Operation]:
+    """Cut a reduction of one loop (every input reading it) at `at`: the rest of the row is reduced
+    into the original result's start, then its first `at` elements into that. (head, rest)."""
+    n_inputs = len(op.regions[0].blocks[0].arguments) - 1
+    inputs, init = list(op.operands)[:n_inputs], op.operands[n_inputs]
+    (k,) = _loop_sizes(op)
+    maps, kinds = op.attributes["indexing_maps"], op.attributes["iterator_types"]
+    with ir.InsertionPoint(op), op.location:
+        rest = linalg.GenericOp([init.type], [static_slice(v, [at], [k - at]) for v in inputs], [init], maps, kinds)
+        copy_body(op, rest)
+        head = linalg.GenericOp([init.type], [static_slice(v, [0], [at]) for v in inputs], [rest.results[0]], maps,
+                                kinds)
+        copy_body(op, head)
+    op.results[0].replace_all_uses_with(head.results[0])
+    op.erase()
+    return head.operation, rest.operation
 
 
 def _collapse_row(op: ir.Operation) -> None:
