@@ -745,9 +745,8 @@ def _dot_rows(op: ir.Operation, n: int, k: int) -> int | None:
     return next((d for d in vector if d != k and d not in matrix and sizes[d] != 1), None)
 
 
-# What a row's partial results combine with: the ops tile_reduction_using_for knows the
-# identity of (a sum, a maximum, a minimum)
-# the ops a row reduction combines its output with one value by, and each one's identity
+# The ops a row reduction combines its output with one value by (a sum, a maximum, a minimum:
+# those tile_reduction_using_for knows the identity of), and each one's identity
 _COMBINERS = {"arith.addf": 0.0, "arith.maximumf": -math.inf, "arith.maxnumf": -math.inf,
               "arith.minimumf": math.inf, "arith.minnumf": math.inf}
 
