@@ -327,6 +327,19 @@ def test_a_cat_drops_its_empty_operands() -> None:
         torch.testing.assert_close(got, want)
 
 
+def test_an_empty_constant_a_cat_drops_is_no_constant_of_the_native_code() -> None:
+    """An empty tensor the function makes itself (a constant of the graph, as in a Llama's
+    prefill) is left unread once its cat drops it, and is not imported: TOSA has no zero-size
+    constant, and the graph used to fail its first, whole-graph attempt on it."""
+    def grow(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.tensor([]), x], dim=-2) * 2
+
+    x = torch.randn(1, 2, 3, 8)
+    torch.testing.assert_close(torchtosa.compile(grow, x, **STRICT)(x), grow(x))
+    torch.testing.assert_close(torch.compile(grow, backend="torchtosa", options=STRICT)(x), grow(x))
+    torch._dynamo.reset()
+
+
 def test_data_dependent_shapes() -> None:
     x, mask = torch.randn(5, 4), torch.randn(5, 4) > 0
 

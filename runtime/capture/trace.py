@@ -569,9 +569,10 @@ def _check_graph(gm: fx.GraphModule, *, static: bool) -> None:
 
 
 def _simplify(graph: fx.Graph) -> None:
-    """Drop data-free assertion nodes, fold identity ops and drop the empty operands of cats."""
+    """Drop data-free assertion nodes, fold identity ops, drop the empty operands of cats and the
+    constants nothing reads (a cat's empty operand was one: TOSA has no zero-size constant)."""
     for node in reversed(graph.nodes):
-        if node.target in _DATALESS and not node.users:
+        if (node.target in _DATALESS or node.op == "get_attr") and not node.users:
             graph.erase_node(node)
         elif node.target in _IDENTITY:
             node.replace_all_uses_with(node.args[0])
