@@ -340,6 +340,40 @@ def test_an_empty_constant_a_cat_drops_is_no_constant_of_the_native_code() -> No
     torch._dynamo.reset()
 
 
+# (start, step, dtype) of aranges of RUN_TIME_ARANGE elements and more: a negative step, int32,
+# floats whose values round (computed in double, then rounded once, as the constant's are)
+LONG_ARANGES = [(5, 3, torch.int64), (100_000, -7, torch.int32), (0.5, 0.37, torch.float32),
+                (1e7, 0.1, torch.float32), (-3.0, 1e-4, torch.float64)]
+
+
+@pytest.mark.parametrize(("start", "step", "dtype"), LONG_ARANGES, ids=str)
+def test_a_long_arange_is_computed_by_the_code_not_embedded(start: float, step: float, dtype: torch.dtype) -> None:
+    """An arange of `rules.RUN_TIME_ARANGE` elements or more is computed by the native code (a
+    2^20-element int64 constant took 5 s to compile), with the values the constant had: start +
+    i * step in int64, or in double rounded once. One element fewer stays a constant, and so do
+    long ones under a TOSA target (TOSA has no iota)."""
+    from torchtosa.importer.rules import RUN_TIME_ARANGE
+
+    for n in (RUN_TIME_ARANGE - 1, RUN_TIME_ARANGE + 3):
+        end = start + step * (n - 0.5)
+        want = torch.tensor([start + step * i for i in range(n)], dtype=torch.float64 if dtype.is_floating_point
+                            else torch.int64).to(dtype)
+        assert torch.arange(start, end, step).numel() == n
+
+        def add(x: torch.Tensor, end: float = end) -> torch.Tensor:
+            return x + torch.arange(start, end, step, dtype=dtype)
+
+        x = (torch.randn(n) * 100).to(dtype)
+        got = torchtosa.compile(add, x, **STRICT)(x)
+        assert got.dtype == dtype and torch.equal(got, x + want), n  # one rounding of the same sum
+        native = str(torchtosa.to_tosa(add, x, target=None).module)
+        assert ("linalg.index" in native) == (n >= RUN_TIME_ARANGE) and len(native) < 30 * n, n
+        if dtype != torch.float64:  # TOSA has no f64
+            aim = "TOSA-1.1+FP+INT+int64" if dtype == torch.int64 else "TOSA-1.0+FP+INT"
+            conformant = str(torchtosa.to_tosa(add, x, target=aim).module)
+            assert "linalg" not in conformant and len(conformant) > 4 * n, n
+
+
 def test_data_dependent_shapes() -> None:
     x, mask = torch.randn(5, 4), torch.randn(5, 4) > 0
 

@@ -551,14 +551,25 @@ def arange_len(start: Any, end: Any, step: Any, dt: torch.dtype) -> int:
     return math.ceil((builtins.float(end) - builtins.float(start)) / builtins.float(step))
 
 
+# An arange of this many elements or more is computed by native code rather than embedded as a
+# constant: a constant's every element passes through Python, MLIR and LLVM (2^20 int64 took 5 s
+# to compile). TOSA has no iota: under a TOSA target the values stay a constant.
+RUN_TIME_ARANGE = 1 << 13
+_RUN_TIME_ARANGE_FLOATS = (torch.float32, torch.float64)  # rounded once from double, as LLVM's fptrunc does
+
+
 def arange_values(start: Any, end: Any, step: Any, dt: torch.dtype) -> list[Any] | Range:
     """start + i * step for each index, in the accumulation type (double for floats, int64 for
-    ints); for symbolic bounds (integers), a `Range` the program computes."""
+    ints); for symbolic bounds (integers) or a long arange outside a TOSA target
+    (`RUN_TIME_ARANGE`), a `Range` the program computes."""
     if _symbolic([start, end]):
         return Range(start, builtins.int(step))
     s, st = arange_acc(start, dt), arange_acc(step, dt)
-    return [scalar_value(s + st * i, dt) if not dt.is_floating_point else s + st * i
-            for i in builtins.range(arange_len(start, end, step, dt))]
+    n = arange_len(start, end, step, dt)
+    if (n >= RUN_TIME_ARANGE and target.active() is None
+            and (not dt.is_floating_point or dt in _RUN_TIME_ARANGE_FLOATS)):
+        return Range(s, st)
+    return [scalar_value(s + st * i, dt) if not dt.is_floating_point else s + st * i for i in builtins.range(n)]
 
 
 def is_bool_scalar(v: Any) -> bool:

@@ -419,8 +419,11 @@ class Builder:
                           f"{[symbolic.show(o.dims) for o in operands if isinstance(o, ShapeOperand)]}")
 
     def _range(self, values: Range, shape: tuple[Dim, ...], dtype: torch.dtype) -> Tensor:
-        """An arange of bounds known at run time (`Range`): start + i * step for each i of
-        the 1-D `shape`, in int64, then `dtype`'s width, as a linalg.generic."""
+        """An arange computed by the code (`Range`): start + i * step for each i of the 1-D
+        `shape`, as a linalg.generic; in int64, then `dtype`'s width, or for floats in double,
+        rounded once to `dtype`."""
+        if dtype.is_floating_point:
+            return self._float_range(values, shape, dtype)
         i64 = ir.IntegerType.get_signless(64)
         start = (symbolic.current().scalar(values.start, i64) if isinstance(values.start, torch.SymInt)
                  else arith.constant(i64, int(values.start)))
@@ -436,6 +439,24 @@ class Builder:
             i = arith.index_cast(i64, linalg.IndexOp(0).result)
             value = arith.addi(start, arith.muli(i, step))
             linalg.YieldOp([value if elem == i64 else arith.trunci(elem, value)])
+        return Tensor(generic.results[0], shape, dtype)
+
+    def _float_range(self, values: Range, shape: tuple[Dim, ...], dtype: torch.dtype) -> Tensor:
+        """`_range` of floats (static bounds): start + i * step in double, as `rules.arange_values`
+        computes the constant's values, then rounded to `dtype`."""
+        f64 = ir.F64Type.get()
+        start, step = arith.constant(f64, float(values.start)), arith.constant(f64, float(values.step))
+        result = tensor_type(shape, dtype)
+        parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
+        identity = ir.AffineMapAttr.get(ir.AffineMap.get_identity(1))
+        generic = linalg.GenericOp([result], [], [self.empty(shape, dtype)], ir.ArrayAttr.get([identity]),
+                                   ir.ArrayAttr.get([parallel]))
+        elem = result.element_type
+        body = generic.regions[0].blocks.append(elem)
+        with ir.InsertionPoint(body):
+            i = arith.index_cast(ir.IntegerType.get_signless(64), linalg.IndexOp(0).result)
+            value = arith.addf(start, arith.mulf(arith.sitofp(f64, i), step))
+            linalg.YieldOp([value if elem == f64 else arith.truncf(elem, value)])
         return Tensor(generic.results[0], shape, dtype)
 
     def index(self, d: Dim) -> ir.Value:
@@ -635,11 +656,12 @@ def _bool_is_i1() -> bool:
 
 @dataclass(frozen=True)
 class Range:
-    """A constant's values that are an arange between symbolic sizes (`rules.arange_values`):
-    start + i * step, computed at run time (`Builder._range`); `start` an int or a SymInt."""
+    """A constant's values that the program computes (`rules.arange_values`, `Builder._range`):
+    start + i * step, an arange between symbolic sizes (`start` an int or a SymInt) or a long one
+    (ints, or floats computed in double)."""
 
     start: Any
-    step: int
+    step: int | float
 
 
 def _sized(value: Any) -> bool:
