@@ -6,6 +6,7 @@ anything else must fail with a clear torchtosa error, never a crash or a wrong a
 
 from __future__ import annotations
 
+import concurrent.futures
 import inspect
 import os
 import subprocess
@@ -372,6 +373,31 @@ def test_a_long_arange_is_computed_by_the_code_not_embedded(start: float, step: 
             aim = "TOSA-1.1+FP+INT+int64" if dtype == torch.int64 else "TOSA-1.0+FP+INT"
             conformant = str(torchtosa.to_tosa(add, x, target=aim).module)
             assert "linalg" not in conformant and len(conformant) > 4 * n, n
+
+
+@pytest.mark.parametrize("setting", [True, False])
+def test_concurrent_calls_leave_the_mha_fast_path_as_the_user_set_it(setting: bool) -> None:
+    """A compiled function keeps PyTorch's MHA fast path off while it runs (capture.trace.
+    mha_fastpath_disabled); calls from several threads at once restore the user's setting when
+    the last one leaves. Each call saving and restoring it alone left it off for the process."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU()).eval()
+    x = torch.randn(4, 16)
+    compiled = torchtosa.compile(model, x)
+    before = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(setting)
+    try:
+        start = threading.Barrier(8)
+
+        def calls(_: int) -> None:
+            start.wait()
+            for _ in range(200):
+                compiled(x)
+
+        with torch.no_grad(), concurrent.futures.ThreadPoolExecutor(8) as pool:
+            list(pool.map(calls, range(8)))
+        assert torch.backends.mha.get_fastpath_enabled() is setting
+    finally:
+        torch.backends.mha.set_fastpath_enabled(before)
 
 
 def test_data_dependent_shapes() -> None:

@@ -16,6 +16,7 @@ import inspect
 import itertools
 import operator
 import re
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -629,15 +630,32 @@ def _where(node: fx.Node) -> str:
     return ""
 
 
+class _FastpathOff:
+    """The process's MHA fast-path setting held off while any thread is inside
+    `mha_fastpath_disabled`: the first to enter saves the user's setting, the last to leave
+    restores it. (Each call saving and restoring it on its own, concurrent calls of a compiled
+    function left it off for good: the second saved the first's False.)"""
+
+    lock = threading.Lock()
+    depth = 0
+    saved = True
+
+
 @contextlib.contextmanager
 def mha_fastpath_disabled() -> Iterator[None]:
     """Keep nn.MultiheadAttention/TransformerEncoderLayer off their fused inference kernels."""
-    enabled = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
+    with _FastpathOff.lock:
+        if _FastpathOff.depth == 0:
+            _FastpathOff.saved = torch.backends.mha.get_fastpath_enabled()
+            torch.backends.mha.set_fastpath_enabled(False)
+        _FastpathOff.depth += 1
     try:
         yield
     finally:
-        torch.backends.mha.set_fastpath_enabled(enabled)
+        with _FastpathOff.lock:
+            _FastpathOff.depth -= 1
+            if _FastpathOff.depth == 0:
+                torch.backends.mha.set_fastpath_enabled(_FastpathOff.saved)
 
 
 @contextlib.contextmanager
