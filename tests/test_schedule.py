@@ -212,10 +212,11 @@ def test_cache_is_per_level() -> None:
 
 
 def test_attention_contractions_get_register_tiles() -> None:
-    """Elementwise fusion moves attention's scaling into q @ k^T, which is still a contraction,
-    tiled like a matmul; softmax @ v gets the softmax normalization, computed from an input
-    broadcast along k: the schedule splits it off, leaving a plain contraction. Both agree with
-    eager."""
+    """Elementwise fusion moves attention's scaling (q and k times the scale's root) into
+    q @ k^T and the softmax normalization, computed from an input broadcast along k, into
+    softmax @ v. The schedule splits both prologues off (each factor computed once, not once per
+    register tile: the scaled q was gathered and multiplied at every step of k), leaving plain
+    contractions of two inputs, tiled like matmuls. Both agree with eager."""
     q, k, v = (torch.randn(1, 4, 64, 64) for _ in range(3))
     sdpa = torch.nn.functional.scaled_dot_product_attention
     module = _linalg(sdpa, q, k, v, stop_before="schedule")
@@ -224,6 +225,33 @@ def test_attention_contractions_get_register_tiles() -> None:
     schedule.split_prologues(module)
     after = [s for name, s in _planned(module) if name == "linalg.generic" and s[-3:] == tile]
     assert (len(before), len(after)) == (1, 2)
+    products = find_ops(module, lambda op: sum_of_products(op) is not None)
+    assert len(products) == 2 and all(contractions.contraction_of_inputs(op) for op in products)
+    torch.testing.assert_close(torchtosa.compile(sdpa, q, k, v)(q, k, v), sdpa(q, k, v), rtol=1e-5, atol=1e-5)
+
+
+def test_attention_probabilities_are_normalized_row_by_row() -> None:
+    """Attention's probabilities (`_safe_softmax` @ v): the normalization that fusion moved into
+    the contraction is split off before the row-wise chains are fused, so the chain's last op
+    writes the probabilities in the loop over rows that computes their exponentials (a row's
+    maximum, sum and quotients while it is in L1), not in a pass over all the scores after it."""
+    q, k, v = (torch.randn(1, 2, 96, 64) for _ in range(3))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    module = _linalg(sdpa, q, k, v)
+
+    def loops_around(op: ir.Operation) -> list[ir.Operation]:
+        found, parent = [], op.operation.parent
+        while parent is not None and parent.name != "func.func":
+            if parent.name in ("scf.for", "scf.forall"):
+                found.append(parent)
+            parent = parent.parent
+        return found
+
+    exps = find_ops(module, lambda op: op.name == "math.exp" or (op.name == "func.call" and "expf" in str(op)))
+    quotients = find_ops(module, lambda op: op.name == "arith.divf")
+    assert exps and quotients
+    rows = loops_around(exps[0])
+    assert all(any(a == b for a in rows for b in loops_around(q)) for q in quotients)
     torch.testing.assert_close(torchtosa.compile(sdpa, q, k, v)(q, k, v), sdpa(q, k, v), rtol=1e-5, atol=1e-5)
 
 

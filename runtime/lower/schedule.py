@@ -9,9 +9,11 @@ Every tile size is derived from the description of the CPU the code is for (`til
 register tiles sized to its vector register file, vector widths from its lanes).
 
 - Contractions (batch_matmul, matmul, and generics that are a sum of products, as elementwise
-  fusion leaves a matmul it moved a reshape through) get a register tile of `Tiles.matmul` rows x
-  columns and a reduction step of 1: the vectorized tile is a chain of outer products (one
-  broadcast FMA per row), its accumulator hoisted out of the reduction loop into registers.
+  fusion leaves a matmul it moved a reshape through; the factors fusion computes in one, such as
+  attention's scaling, are split off into ops of their own first, `split_prologues`) get a
+  register tile of `Tiles.matmul` rows x columns and a reduction step of 1: the vectorized tile
+  is a chain of outer products (one broadcast FMA per row), its accumulator hoisted out of the
+  reduction loop into registers.
   Column tiles are the outer loop, so a column panel of the second operand stays in cache. A
   named contraction's second operand is packed: a loop over column panels first computes each
   panel (transposing nn.Linear's weight, or copying) into one small contiguous buffer, then
@@ -206,9 +208,11 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
     tiles = derive(cpu)
     chunks = threads() if parallel else 1
     widen_arithmetic(module)
+    # before the row-wise chains: a softmax normalization split off a contraction is then the
+    # last op of its chain, written row by row (not a pass over all the scores after it)
+    split_prologues(module)
     fuse_rows(module, SPLIT_MIN_ELEMENTS if chunks > 1 else None)
     fold_transposes(module)
-    split_prologues(module)
     collapse_outputs(module)
     generalize_reductions(module)
     collapse_reductions(module)
@@ -1350,8 +1354,8 @@ def _generic_contraction(op: ir.Operation) -> tuple[int, int] | None:
     """The (m, n) loops of a generic that is a matmul-like sum of products, else None.
 
     Its body ends in `out + x * y`; x and y may be computed from the inputs first (elementwise
-    fusion moves producers such as attention's scaling into the matmul), but then no input may
-    be broadcast (`_split_prologue` splits such a prologue off first). n is the output's
+    fusion moves producers such as attention's scaling into the matmul, which `_split_prologue`
+    splits off again before tiling), but then no input may be broadcast. n is the output's
     innermost dimension and m the one before it; an input read along n must run along it
     contiguously, as the register tile needs.
     """
@@ -1385,8 +1389,12 @@ def split_prologues(module: ir.Module) -> None:
 
 def _split_prologue(op: ir.Operation) -> None:
     """Compute the factors of a generic contraction's `out + x * y` that its prologue derives
-    from broadcast inputs (softmax @ v with the normalization fused in) as elementwise generics
-    of their own, leaving a plain contraction of the two factors, which tiles as a matmul.
+    from its inputs (softmax @ v with the normalization fused in, q @ k^T with attention's
+    scaling of q and k) as elementwise generics of their own, leaving a plain contraction of the
+    two factors, which tiles as a matmul. Computed in the register tile, a factor was computed
+    again for every tile that reads it (the scaled q gathered row by row at every step of k: a
+    577-token attention's q @ k^T ran at a third of the FMA rate); split off, each element is
+    computed once.
 
     x (read along every loop but n) and y (every loop but m, n innermost) become tensors; a
     factor that is an input as it is stays that input.
@@ -1401,8 +1409,6 @@ def _split_prologue(op: ir.Operation) -> None:
     if len(maps[-1]) < 2:
         return
     m, n = maps[-1][-2:]
-    if not _broadcast_inputs(op, m, n):
-        return  # tiled as it is
     inputs = list(op.operands)[: len(maps) - 1]
     u, v = mul.operands[0], mul.operands[1]
 
