@@ -3,7 +3,7 @@
 Workloads (float32, random weights and inputs, eval mode, under torch.no_grad):
 an MLP, a torch.nn TransformerEncoderLayer, a conv block, a 1024^3 matmul, a small
 `transformers` BertModel, and `transformers` ResNetModel (ResNet-50) and MobileNetV2Model (1.0)
-on 224x224 images at batch 1 and 8, ConvNeXt-T at batch 1, two r3d_18 blocks (3-D convolutions,
+on 224x224 images at batch 1 and 8, ConvNeXt-T and ViT-B/16 (197 tokens) at batch 1, two r3d_18 blocks (3-D convolutions,
 128 channels, 8x28x28) and one decoding step's linear of a ~0.25B Llama (1x1024 -> 2816, memory
 bound) (all built from configs: nothing is downloaded; the CNNs' BatchNorms get random running
 statistics and affine parameters, as the conv block's).
@@ -206,6 +206,14 @@ def build_convnext_tiny(batch: int) -> tuple[nn.Module, Inputs]:
     return ConvNextModel(ConvNextConfig()), (torch.randn(batch, 3, 224, 224),)
 
 
+def build_vit_b16() -> tuple[nn.Module, Inputs]:
+    # ViTConfig's defaults are ViT-B/16 at 224x224 (12 layers, 12 heads of 64, 197 tokens): attention
+    # over more tokens than the encoder layer's and BERT's 64
+    from transformers import ViTConfig, ViTModel
+
+    return ViTModel(ViTConfig(), add_pooling_layer=False), (torch.randn(1, 3, 224, 224),)
+
+
 class _Block3d(nn.Module):
     """r3d_18's basic block: two 3x3x3 convolutions with batch norm, a residual connection."""
 
@@ -280,6 +288,7 @@ WORKLOADS = [
     Workload("MobileNetV2 [1x3x224x224]", lambda: build_mobilenet_v2(1), reference=False, repeats=10),
     Workload("MobileNetV2 [8x3x224x224]", lambda: build_mobilenet_v2(8), reference=False, repeats=5),
     Workload("ConvNeXt-T [1x3x224x224]", lambda: build_convnext_tiny(1), reference=False, repeats=10),
+    Workload("ViT-B/16 [1x3x224x224]", build_vit_b16, reference=False, repeats=10),
     Workload("r3d_18 stage 2 blocks [1x128x8x28x28]", build_r3d_block, reference=False, repeats=10),
     Workload("Llama 4 layers h1024 bf16 [1x32 tokens]", build_llama_prefill_bf16, reference=False, repeats=10),
     Workload("decode linear 1x1024 -> 2816", build_decode_linear, reference=False),
