@@ -3,10 +3,10 @@
 Workloads (float32, random weights and inputs, eval mode, under torch.no_grad):
 an MLP, a torch.nn TransformerEncoderLayer, a conv block, a 1024^3 matmul, a small
 `transformers` BertModel, and `transformers` ResNetModel (ResNet-50) and MobileNetV2Model (1.0)
-on 224x224 images at batch 1 and 8, ConvNeXt-T and ViT-B/16 (197 tokens) at batch 1, two r3d_18 blocks (3-D convolutions,
-128 channels, 8x28x28) and one decoding step's linear of a ~0.25B Llama (1x1024 -> 2816, memory
-bound) (all built from configs: nothing is downloaded; the CNNs' BatchNorms get random running
-statistics and affine parameters, as the conv block's).
+on 224x224 images at batch 1 and 8, ConvNeXt-T and ViT-B/16 (197 tokens) at batch 1, two
+r3d_18 blocks (3-D convolutions, 128 channels, 8x28x28) and one decoding step's linear of a
+~0.25B Llama (1x1024 -> 2816, memory bound) (all built from configs: nothing is downloaded; the
+CNNs' BatchNorms get random running statistics and affine parameters, as the conv block's).
 
 Backends:
 - torchtosa opt="default" (one thread), opt="parallel" (large matmuls' column panels on OpenMP
