@@ -55,7 +55,9 @@ register tiles sized to its vector register file, vector widths from its lanes).
 - A chain of row-wise ops (a softmax, a layer norm: a row's statistic, the ops reading it, the
   next statistic, the output) is first made one loop over the rows, each op of it then tiled as
   above on one row (`rows.fuse_rows`; with opt="parallel" the loop over a large chain's rows is
-  an scf.forall).
+  an scf.forall). Before that, attention whose scores exceed the L2 becomes a loop over blocks
+  of query rows, q @ kᵀ and the chain fused into the tiles of its second product
+  (`attention.block_attention`, opt="default").
 - Vector math (exp, erf, tanh, ...) becomes libmvec calls where usable (`vecmath`).
 - With opt="parallel", every other op with enough work (convolutions and contractions from
   SPLIT_MIN_MACS multiply-adds, other ops from SPLIT_MIN_ELEMENTS loop iterations) is first
@@ -85,6 +87,7 @@ from mlir.dialects import arith, func, linalg, scf, tensor
 from ..cpu import Cpu, cores, select
 from ..internal import blaming
 from . import amx, bf16_dot, vecmath
+from .attention import block_attention
 from .contractions import contraction_of_inputs, fold_transposes, normalize, sum_of_products, transposed
 from .convolutions import CONV as _CONV
 from .convolutions import CONV_HWCF as _CONV_HWCF
@@ -211,6 +214,8 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
     # before the row-wise chains: a softmax normalization split off a contraction is then the
     # last op of its chain, written row by row (not a pass over all the scores after it)
     split_prologues(module)
+    if chunks == 1:
+        block_attention(module, tiles)
     fuse_rows(module, SPLIT_MIN_ELEMENTS if chunks > 1 else None)
     fold_transposes(module)
     collapse_outputs(module)
