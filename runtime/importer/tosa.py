@@ -420,14 +420,17 @@ class Builder:
 
     def _range(self, values: Range, shape: tuple[Dim, ...], dtype: torch.dtype) -> Tensor:
         """An arange computed by the code (`Range`): start + i * step for each i of the 1-D
-        `shape`, as a linalg.generic; in int64, then `dtype`'s width, or for floats in double,
-        rounded once to `dtype`."""
-        if dtype.is_floating_point:
-            return self._float_range(values, shape, dtype)
+        `shape`, as a linalg.generic; in int64, then `dtype`'s width, or for floats (static
+        bounds) in double, as `rules.arange_values` computes a constant's values, then rounded
+        once to `dtype`."""
         i64 = ir.IntegerType.get_signless(64)
-        start = (symbolic.current().scalar(values.start, i64) if isinstance(values.start, torch.SymInt)
-                 else arith.constant(i64, int(values.start)))
-        step = arith.constant(i64, values.step)
+        wide = ir.F64Type.get() if dtype.is_floating_point else i64
+        if dtype.is_floating_point:
+            start, step = arith.constant(wide, float(values.start)), arith.constant(wide, float(values.step))
+        else:
+            start = (symbolic.current().scalar(values.start, i64) if isinstance(values.start, torch.SymInt)
+                     else arith.constant(i64, int(values.start)))
+            step = arith.constant(i64, values.step)
         result = tensor_type(shape, dtype)
         parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
         identity = ir.AffineMapAttr.get(ir.AffineMap.get_identity(1))
@@ -437,26 +440,12 @@ class Builder:
         body = generic.regions[0].blocks.append(elem)
         with ir.InsertionPoint(body):
             i = arith.index_cast(i64, linalg.IndexOp(0).result)
-            value = arith.addi(start, arith.muli(i, step))
-            linalg.YieldOp([value if elem == i64 else arith.trunci(elem, value)])
-        return Tensor(generic.results[0], shape, dtype)
-
-    def _float_range(self, values: Range, shape: tuple[Dim, ...], dtype: torch.dtype) -> Tensor:
-        """`_range` of floats (static bounds): start + i * step in double, as `rules.arange_values`
-        computes the constant's values, then rounded to `dtype`."""
-        f64 = ir.F64Type.get()
-        start, step = arith.constant(f64, float(values.start)), arith.constant(f64, float(values.step))
-        result = tensor_type(shape, dtype)
-        parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
-        identity = ir.AffineMapAttr.get(ir.AffineMap.get_identity(1))
-        generic = linalg.GenericOp([result], [], [self.empty(shape, dtype)], ir.ArrayAttr.get([identity]),
-                                   ir.ArrayAttr.get([parallel]))
-        elem = result.element_type
-        body = generic.regions[0].blocks.append(elem)
-        with ir.InsertionPoint(body):
-            i = arith.index_cast(ir.IntegerType.get_signless(64), linalg.IndexOp(0).result)
-            value = arith.addf(start, arith.mulf(arith.sitofp(f64, i), step))
-            linalg.YieldOp([value if elem == f64 else arith.truncf(elem, value)])
+            if dtype.is_floating_point:
+                value = arith.addf(start, arith.mulf(arith.sitofp(wide, i), step))
+                linalg.YieldOp([value if elem == wide else arith.truncf(elem, value)])
+            else:
+                value = arith.addi(start, arith.muli(i, step))
+                linalg.YieldOp([value if elem == wide else arith.trunci(elem, value)])
         return Tensor(generic.results[0], shape, dtype)
 
     def index(self, d: Dim) -> ir.Value:
