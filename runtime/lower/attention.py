@@ -25,9 +25,9 @@ import math
 from mlir import ir
 
 from .contractions import sum_of_products
-from .irutil import find_ops, map_dims, run_passes, run_transform
+from .irutil import find_ops, map_dims
 from .irutil import tensor_shape as _shape
-from .rows import _chain_end, _own_init, _reduces_rows, _row_producers
+from .rows import _chain_end, _own_init, _reduces_rows, _row_producers, fuse_into, match, run_fusion
 from .tiles import Tiles
 
 _ATTR = "torchtosa.attention"  # marks a second product ("<i>") and what is fused into its blocks ("<i>.<j>")
@@ -51,33 +51,23 @@ def block_attention(module: ir.Module, tiles: Tiles) -> None:
             product.attributes[_ATTR] = ir.StringAttr.get(str(i))
             batch = len(_shape(product.results[0])) - 2
             sizes = ", ".join(["1"] * batch + [str(rows), "0", "0"])
-            lines += [f"  %c{i} = {_match(str(i))}",
+            lines += [f"  %c{i} = {match(_ATTR, str(i))}",
                       f"  %t{i}, %l{i}:{batch + 1} = transform.structured.tile_using_for %c{i} tile_sizes [{sizes}]"
                       " : (!transform.any_op) -> (!transform.any_op" + ", !transform.any_op" * (batch + 1) + ")"]
             loop = f"%l{i}#{batch}"
-            # consumers first: a producer fused before its users would be cloned, its original kept for them
-            for j, op in enumerate(sorted(fused, key=position.__getitem__, reverse=True)):
-                op.attributes[_ATTR] = ir.StringAttr.get(f"{i}.{j}")
-                if op.name == "linalg.generic":
-                    _own_init(op)
-                lines += [f"  %p{i}_{j} = {_match(f'{i}.{j}')}",
-                          f"  %f{i}_{j}, %in{i}_{j} = transform.structured.fuse_into_containing_op %p{i}_{j} into"
-                          f" {loop} : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)"]
-                loop = f"%in{i}_{j}"
+            fusion, loop = fuse_into(loop, fused, str(i), _ATTR, position, _own_generic_init)
+            lines += fusion
             if _shape(product.results[0])[-2] % rows:
                 lines += [f'  %for{i} = transform.cast {loop} : !transform.any_op to !transform.op<"scf.for">',
                           f"  %whole{i}, %rest{i} = transform.loop.peel %for{i}"
                           ' : (!transform.op<"scf.for">) -> (!transform.any_op, !transform.any_op)']
-        lines += ['  %funcs = transform.structured.match ops{["func.func"]} in %root'
-                  " : (!transform.any_op) -> !transform.any_op",
-                  "  transform.apply_patterns to %funcs {", "    transform.apply_patterns.tensor.fold_tensor_empty",
-                  "  } : !transform.any_op"]
-    try:
-        run_transform(module, lines)
-    finally:
-        for op in find_ops(module, lambda op: _ATTR in op.attributes):
-            del op.attributes[_ATTR]
-    run_passes(module, "builtin.module(canonicalize,cse)")
+    run_fusion(module, lines, _ATTR)
+
+
+def _own_generic_init(op: ir.Operation) -> None:
+    """`rows._own_init` of a generic (a fill keeps its output)."""
+    if op.name == "linalg.generic":
+        _own_init(op)
 
 
 def _fused(product: ir.Operation) -> list[ir.Operation] | None:
@@ -136,8 +126,3 @@ def _other_matrix(value: ir.Value, fused: set[ir.Operation]) -> bool:
 
 def _producer(value: ir.Value) -> ir.Operation | None:
     return value.owner.operation if isinstance(value, ir.OpResult) else None
-
-
-def _match(mark: str) -> str:
-    return (f'transform.structured.match attributes{{{_ATTR} = "{mark}"}} in %root'
-            " : (!transform.any_op) -> !transform.any_op")

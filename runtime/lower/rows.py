@@ -18,6 +18,7 @@ takes one row per iteration, on the calling thread.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from mlir import ir
 from mlir.dialects import tensor
@@ -55,7 +56,7 @@ def fuse_rows(module: ir.Module, split_from: int | None = None) -> None:
             op.attributes[_ATTR] = ir.StringAttr.get(str(i))
             shape = _shape(op.results[0])
             tiles = ", ".join(["1"] * (len(shape) - 2) + [str(_rows_per_tile(shape)), "0"])
-            lines.append(f"  %end{i} = {_match(str(i))}")
+            lines.append(f"  %end{i} = {match(_ATTR, str(i))}")
             if split_from is not None and None not in shape and math.prod(shape) >= split_from:
                 lines.append(f"  %tiled{i}, %loop{i} = transform.structured.tile_using_forall %end{i}"
                              f" tile_sizes [{tiles}] : (!transform.any_op) -> (!transform.any_op, !transform.any_op)")
@@ -65,24 +66,39 @@ def fuse_rows(module: ir.Module, split_from: int | None = None) -> None:
                              f" tile_sizes [{tiles}] : (!transform.any_op) -> (!transform.any_op"
                              + ", !transform.any_op" * (len(shape) - 1) + ")")
                 loop = f"%loops{i}#{len(shape) - 2}"
-            # consumers first: a producer fused before its users would be cloned, its original kept for them
-            for j, p in enumerate(sorted(producers, key=position.__getitem__, reverse=True)):
-                p.attributes[_ATTR] = ir.StringAttr.get(f"{i}.{j}")
-                _own_init(p)
-                lines += [f"  %p{i}_{j} = {_match(f'{i}.{j}')}",
-                          f"  %f{i}_{j}, %in{i}_{j} = transform.structured.fuse_into_containing_op %p{i}_{j} into"
-                          f" {loop} : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)"]
-                loop = f"%in{i}_{j}"
-        # the slices of a fused op's tensor.empty become empties of the slice's shape
-        lines += ['  %funcs = transform.structured.match ops{["func.func"]} in %root'
-                  " : (!transform.any_op) -> !transform.any_op",
-                  "  transform.apply_patterns to %funcs {",
-                  "    transform.apply_patterns.tensor.fold_tensor_empty", "  } : !transform.any_op"]
+            lines += fuse_into(loop, producers, str(i), _ATTR, position, _own_init)[0]
+    run_fusion(module, lines, _ATTR)
+
+
+def fuse_into(loop: str, producers: list[ir.Operation], mark: str, attr: str, position: dict[ir.Operation, int],
+              prepare: Callable[[ir.Operation], None]) -> tuple[list[str], str]:
+    """Transform lines fusing `producers` into the loop handle `loop`, each marked `attr =
+    "<mark>.<j>"` and given to `prepare` first, consumers first (`position`: the ops' order, read
+    before any `prepare`; a producer fused before its users would be cloned, its original kept
+    for them); and the handle of the loop they end in."""
+    lines = []
+    for j, p in enumerate(sorted(producers, key=position.__getitem__, reverse=True)):
+        p.attributes[attr] = ir.StringAttr.get(f"{mark}.{j}")
+        prepare(p)
+        lines += [f"  %p{mark}_{j} = {match(attr, f'{mark}.{j}')}",
+                  f"  %f{mark}_{j}, %in{mark}_{j} = transform.structured.fuse_into_containing_op %p{mark}_{j} into"
+                  f" {loop} : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)"]
+        loop = f"%in{mark}_{j}"
+    return lines, loop
+
+
+def run_fusion(module: ir.Module, lines: list[str], attr: str) -> None:
+    """Run the transform `lines` of tiles and fusions on `module` (the slices of a fused op's
+    tensor.empty become empties of the slice's shape), drop the `attr` marks, canonicalize."""
+    lines = [*lines, '  %funcs = transform.structured.match ops{["func.func"]} in %root'
+             " : (!transform.any_op) -> !transform.any_op",
+             "  transform.apply_patterns to %funcs {",
+             "    transform.apply_patterns.tensor.fold_tensor_empty", "  } : !transform.any_op"]
     try:
         run_transform(module, lines)
     finally:
-        for op in find_ops(module, lambda op: _ATTR in op.attributes):
-            del op.attributes[_ATTR]
+        for op in find_ops(module, lambda op: attr in op.attributes):
+            del op.attributes[attr]
     run_passes(module, "builtin.module(canonicalize,cse)")
 
 
@@ -109,8 +125,9 @@ def _own_init(op: ir.Operation) -> None:
             op.operands[len(op.operands) - 1] = tensor.EmptyOp(sizes, element).result
 
 
-def _match(mark: str) -> str:
-    return (f'transform.structured.match attributes{{{_ATTR} = "{mark}"}} in %root'
+def match(attr: str, mark: str) -> str:
+    """A transform line's right-hand side: the ops marked `attr = "<mark>"`."""
+    return (f'transform.structured.match attributes{{{attr} = "{mark}"}} in %root'
             " : (!transform.any_op) -> !transform.any_op")
 
 
