@@ -7,6 +7,7 @@ entry uses that entry's registers only, whatever the host has.
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 from pathlib import Path
@@ -118,6 +119,29 @@ def test_forced_int64_topk_matches_eager() -> None:
     for name in RUNNABLE_X86:
         values, indices = torchtosa.compile(torch.topk, x, 2, dim=0, cpu=name)(x, 2, dim=0)
         assert torch.equal(values, torch.topk(x, 2, dim=0).values) and torch.equal(indices, x.topk(2, 0).indices)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_exp_below_underflow_is_zero_for_every_runnable_entry(dtype: torch.dtype) -> None:
+    """libmvec's exp on lanes below `vecmath.FLUSHED_BELOW` (a causal mask's -inf) is set to
+    +0.0 around the call: the bound is where exp rounds to 0, those lanes are exactly 0, the
+    subnormal results just above the bound are libmvec's (within its 4 ulp), special values are
+    exp's, for every entry this host runs (37 lanes: whole registers and a padded tail)."""
+    from torchtosa.lower.vecmath import FLUSHED_BELOW
+    floor = FLUSHED_BELOW[("exp", torch.finfo(dtype).bits)]
+    # the bound is where exp rounds to +0.0 in the dtype: below it 0, a unit above it not
+    bound = torch.tensor([math.exp(floor), math.exp(floor + 1)], dtype=torch.float64).to(dtype)
+    assert bound[0] == 0 < bound[1]
+    edge = [float("-inf"), float("inf"), float("nan"), -1e30, floor - 1, floor - 1e-3, floor + 0.05, floor + 0.5,
+            floor + 1, -87.5, -20.0, 0.0, 1.5, 88.0, 700.0]
+    x = torch.cat([torch.tensor(edge, dtype=dtype), torch.randn(37 - len(edge), dtype=dtype) * 50])
+    want = torch.exp(x.double()).to(dtype)  # correctly rounded but for a double rounding
+    tiny = torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps
+    for name in RUNNABLE_X86:
+        got = torchtosa.compile(torch.exp, x, cpu=name)(x)
+        assert torch.equal(got.isnan(), want.isnan()), name
+        assert (got[x < floor] == 0).all(), name
+        torch.testing.assert_close(got, want, rtol=4 * torch.finfo(dtype).eps, atol=4 * tiny, equal_nan=True)
 
 
 def _bf16_roundings(x: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, ...]:

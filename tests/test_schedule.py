@@ -255,25 +255,42 @@ def test_attention_probabilities_are_normalized_row_by_row() -> None:
     torch.testing.assert_close(torchtosa.compile(sdpa, q, k, v)(q, k, v), sdpa(q, k, v), rtol=1e-5, atol=1e-5)
 
 
+def _sdpa(mask: str) -> Any:
+    """Attention with no mask, a causal one or a boolean [queries, keys] mask (its last argument)."""
+    def plain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return nn.functional.scaled_dot_product_attention(q, k, v)
+
+    def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    return {"none": plain, "causal": causal, "bool": masked}[mask]
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "bool"])
 @pytest.mark.parametrize("shape", [(1, 4, 640, 32), (2, 2, 512, 64)])
-def test_attention_runs_by_blocks_of_query_rows(shape: tuple[int, ...]) -> None:
+def test_attention_runs_by_blocks_of_query_rows(shape: tuple[int, ...], mask: str) -> None:
     """Attention whose scores exceed the L2 (`attention.block_attention`) computes them, the
-    softmax and the product with v by blocks of query rows: no op of the scheduled function
-    has the whole [batch x heads, queries, keys] scores any more (640 queries leave a last,
-    peeled block on every entry); results equal eager's. Scores that fit in the L2 stay whole."""
-    q, k, v = (torch.randn(shape) for _ in range(3))
-    sdpa = torch.nn.functional.scaled_dot_product_attention
+    softmax and the product with v by blocks of query rows, a mask's select in the row chain: no
+    op of the scheduled function has the whole [batch x heads, queries, keys] scores any more
+    (640 queries leave a last, peeled block on every entry); results equal eager's. Scores that
+    fit in the L2 stay whole."""
+    torch.manual_seed(0)
     n = shape[2]
-    assert f"x{n}x{n}xf32>" in str(_linalg(sdpa, q, k, v, stop_before="schedule"))
-    assert f"x{n}x{n}xf32>" not in str(_linalg(sdpa, q, k, v))
-    torch.testing.assert_close(torchtosa.compile(sdpa, q, k, v)(q, k, v), sdpa(q, k, v), rtol=1e-5, atol=1e-5)
-    small = tuple(t[:, :, :64] for t in (q, k, v))
+    sdpa = _sdpa(mask)
+    args = tuple(torch.randn(shape) for _ in range(3)) + ((torch.rand(n, n) > 0.2,) if mask == "bool" else ())
+    assert f"x{n}x{n}xf32>" in str(_linalg(sdpa, *args, stop_before="schedule"))
+    assert f"x{n}x{n}xf32>" not in str(_linalg(sdpa, *args))
+    torch.testing.assert_close(torchtosa.compile(sdpa, *args)(*args), sdpa(*args), rtol=1e-5, atol=1e-5)
+    small = tuple(t[:, :, :64] for t in args[:3]) + ((args[3][:64, :64],) if mask == "bool" else ())
     assert "x64x64xf32>" in str(_linalg(sdpa, *small))
 
 
 def test_blocks_of_attention_agree_with_eager() -> None:
-    """Multi-head attention over 700 tokens (blocked) and attention with a boolean mask or
-    causal (not blocked: the mask is read as a whole) agree with eager."""
+    """Multi-head attention over 700 tokens, attention with a boolean mask with fully masked
+    rows (the safe softmax's zeros) and causal attention, all blocked, agree with eager."""
     torch.manual_seed(0)
     mha = nn.MultiheadAttention(128, 4, batch_first=True).eval()
     x = torch.randn(1, 700, 128)
@@ -282,15 +299,11 @@ def test_blocks_of_attention_agree_with_eager() -> None:
                                    rtol=1e-4, atol=1e-5)
     q, k, v = (torch.randn(1, 4, 700, 32) for _ in range(3))
     mask = torch.rand(700, 700) > 0.2
-
-    def masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
-
-    def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-    torch.testing.assert_close(torchtosa.compile(masked, q, k, v, mask)(q, k, v, mask), masked(q, k, v, mask),
-                               rtol=1e-5, atol=1e-5)
+    mask[::97] = False
+    masked, causal = _sdpa("bool"), _sdpa("causal")
+    want = masked(q, k, v, mask)
+    assert (want[:, :, ::97] == 0).all()
+    torch.testing.assert_close(torchtosa.compile(masked, q, k, v, mask)(q, k, v, mask), want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(torchtosa.compile(causal, q, k, v)(q, k, v), causal(q, k, v), rtol=1e-5, atol=1e-5)
 
 

@@ -148,8 +148,9 @@ def _chain_end(op: ir.Operation) -> bool:
 
 def _row_local(op: ir.Operation, rows: int) -> bool:
     """A generic whose loops are the `rows` row loops (in order, read so by its output) then at
-    most one more (the row's elements), every operand ranked and read along the row loops in
-    order (a row's statistic drops the last loop), or a fill of such a result."""
+    most one more (the row's elements), every operand ranked and read along some of the loops in
+    order (a row's statistic drops the last loop; a mask over [queries, keys] is broadcast over
+    the heads), or a fill of such a result."""
     if op.name == "linalg.fill":
         return len(op.results) == 1 and _ranked(op.results[0]) and len(_shape(op.results[0])) in (rows, rows + 1)
     if op.name != "linalg.generic" or len(op.results) != 1:
@@ -161,8 +162,7 @@ def _row_local(op: ir.Operation, rows: int) -> bool:
     kinds = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
     if any("reduction" in kinds[d] for d in head):
         return False
-    return all(dims[:rows] == head or dims == [] or (dims and dims[0] >= rows) for dims in map_dims(op)[:-1]) \
-        and map_dims(op)[-1][:rows] == head
+    return all(dims == sorted(set(dims)) for dims in map_dims(op)[:-1]) and map_dims(op)[-1][:rows] == head
 
 
 def _reduces_rows(op: ir.Operation) -> bool:
@@ -176,18 +176,27 @@ def _producer(value: ir.Value) -> ir.Operation | None:
 
 def _row_producers(end: ir.Operation) -> list[ir.Operation]:
     """The row-local ops (`_row_local`) that `end`'s inputs come from, transitively through
-    row-local ops, whose every use is in the chain (others would compute their rows twice)."""
+    row-local ops, whose every use is in the chain (others would compute their rows twice) and
+    which the chain reads along its rows (a mask broadcast over the heads stays whole: fused,
+    it would be computed again for every head)."""
     rows = len(_shape(end.results[0])) - 1
     found: list[ir.Operation] = []
-    pending = list(end.operands)
+    pending = _read_by_rows(end, rows)
     while pending:
         op = _producer(pending.pop())
         if op is not None and op not in found and _row_local(op, rows):
             found.append(op)
-            pending += list(op.operands)
+            pending += _read_by_rows(op, rows)
     while True:
         chain = {end.operation, *found}
         kept = [op for op in found if all(u.owner.operation in chain for r in op.results for u in r.uses)]
         if len(kept) == len(found):
             return kept
         found = kept
+
+
+def _read_by_rows(op: ir.Operation, rows: int) -> list[ir.Value]:
+    """The operands of `op` (a generic or a fill) that it reads along the `rows` row loops in order."""
+    if op.name != "linalg.generic":
+        return list(op.operands)
+    return [v for v, dims in zip(op.operands, map_dims(op), strict=True) if dims[:rows] == list(range(rows))]
