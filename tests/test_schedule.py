@@ -1212,11 +1212,12 @@ def test_accumulators_carried_through_a_reduction_loop_are_powers_of_two(shape: 
 @pytest.mark.parametrize("fn", [lambda t: t.sum(-1), lambda t: t.amax(-1), lambda t: t.softmax(-1),
                                 lambda t: torch.nn.functional.layer_norm(t, t.shape[-1:]), lambda t: t.mean()],
                          ids=["sum", "amax", "softmax", "layer_norm", "mean"])
-@pytest.mark.parametrize("shape", [(48, 768), (2, 6, 3136)])
+@pytest.mark.parametrize("shape", [(48, 768), (2, 6, 3136), (48, 770), (2, 6, 577)])
 def test_long_rows_reduce_in_vector_partial_results(fn: Callable, shape: tuple[int, ...]) -> None:
     """A reduction along long contiguous rows keeps a vector of partial results through the whole
     row and sums across lanes once, after it (`tile_reduction_using_for`), not at every tile (a
-    sum of rows of 12544 ran 5.6x slower than eager); eager's values."""
+    sum of rows of 12544 ran 5.6x slower than eager); a row of no whole number of registers too,
+    its last elements reduced first (`peel_row_remainders`); eager's values."""
     x = torch.randn(*shape)
     module = _linalg(fn, x)
     lanes = derive(select()).lanes
