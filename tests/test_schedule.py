@@ -1313,6 +1313,22 @@ def test_half_precision_transposes_are_vectorized(dtype: torch.dtype, tmp_path: 
             assert _llc(c, lowered, tmp_path, "obj").stat().st_size > 0
 
 
+@pytest.mark.parametrize("shape", [(16, 577, 64), (577, 197)])
+def test_transposes_of_sides_without_a_divisor_are_square_tiles(shape: tuple[int, ...]) -> None:
+    """A transpose whose side has no divisor near the square tile (577 keys, 197 tokens: prime)
+    is transposed in whole square tiles, in registers, its rest peeled; it was a loop of one
+    element per side (16 loads, then 16 scalar stores per tile). Eager's values, bit for bit."""
+    x = torch.randn(*shape)
+
+    def swap(t: torch.Tensor) -> torch.Tensor:
+        return t.transpose(-1, -2).contiguous()
+
+    module = _linalg(swap, x)
+    side = derive(select()).transpose
+    assert "vector.shuffle" in _ops(module) and f"vector<{side}x{side}xf32>" in str(module)
+    assert torch.equal(torchtosa.compile(swap, x)(x), swap(x))
+
+
 def test_bf16_products_by_a_weight_stored_along_k_multiply_pairs_where_the_cpu_can(tmp_path: Path) -> None:
     """A bf16 product of rows by a weight stored along k multiplies bf16 pairs as stored
     (`vdpbf16ps`, `lower/bf16_dot.py`) for every entry with AVX512-BF16 (from amx.MIN_ROWS rows,

@@ -1269,6 +1269,14 @@ def _plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
     if inner is not None:  # a square tile, transposed in registers, instead of a strided gather
         sizes[-1] = _tile(loops[-1], t.transpose)
         sizes[inner] = _tile(loops[inner], t.transpose)
+        # a side of no divisor near the tile (k of 577 keys: 1, 16 scalar stores per 16 loads)
+        # gets whole tiles, the rest peeled
+        ragged = [d for d in (inner, len(loops) - 1)
+                  if loops[d] is not None and loops[d] > t.transpose and 2 * sizes[d] < t.transpose]
+        if ragged:
+            for d in ragged:
+                sizes[d] = t.transpose
+            return tuple(sizes), tuple(order), tuple(sorted({*_partial(loops, sizes), *ragged})), ()
     elif loops[-1] is not None and loops[-1] > t.vector:
         # whole registers: 80 in tiles of 16, not 40; or, without a divisor of whole registers, one
         # register and the remainder peeled: a softmax over rows of 100 in tiles of 50
