@@ -1234,6 +1234,20 @@ def test_long_rows_reduce_in_vector_partial_results(fn: Callable, shape: tuple[i
     torch.testing.assert_close(torchtosa.compile(fn, x)(x), fn(x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("fn", [lambda t: t.amax(-1), lambda t: t.amin(-1), lambda t: t.softmax(-1)],
+                         ids=["amax", "amin", "softmax"])
+def test_maxima_across_lanes_are_trees(fn: Callable) -> None:
+    """A maximum (minimum) across a vector's lanes is a tree of vector maxima of its halves
+    (`tree_reductions`), not LLVM's lane-by-lane expansion of an IEEE maximum; NaN rows stay
+    NaN, eager's values otherwise."""
+    x = torch.randn(64, 64)
+    x[3, 17], x[5, 63] = float("nan"), float("nan")
+    module = _linalg(fn, x, stop_before="llvm")
+    kinds = [str(op.attributes["kind"]) for op in find_ops(module, lambda op: op.name == "vector.reduction")]
+    assert not [k for k in kinds if "maximumf" in k or "minimumf" in k], kinds
+    torch.testing.assert_close(torchtosa.compile(fn, x)(x), fn(x), rtol=1e-6, atol=1e-6, equal_nan=True)
+
+
 @pytest.mark.parametrize("fn", [lambda t: t.sum(), lambda t: t.amax(), lambda t: (t * t).mean()],
                          ids=["sum", "amax", "mean_of_squares"])
 @pytest.mark.parametrize("n", [1 << 20, 15 * 4096, 1_000_003, 4099])

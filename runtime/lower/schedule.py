@@ -82,7 +82,7 @@ import os
 from collections.abc import Callable, Sequence
 
 from mlir import ir
-from mlir.dialects import arith, func, linalg, scf, tensor
+from mlir.dialects import arith, func, linalg, scf, tensor, vector
 
 from ..cpu import Cpu, cores, select
 from ..internal import blaming
@@ -265,6 +265,7 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
     # bufferization would otherwise resolve with a buffer copy per tile
     run_passes(module, "builtin.module(canonicalize,cse)")
     _reassociate_reductions(module)
+    tree_reductions(module)
     if vecmath.library(cpu) is not None:
         vecmath.use_vector_library(module, cpu)
 
@@ -2306,6 +2307,45 @@ def _reassociate_reductions(module: ir.Module) -> None:
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+
+
+_TREE_KINDS = {"maximumf": arith.MaximumFOp, "minimumf": arith.MinimumFOp}
+
+
+def tree_reductions(module: ir.Module) -> None:
+    """Reduce each vector's maximum (minimum) across lanes as a tree of vector maxima of its
+    halves. LLVM expands `llvm.vector.reduce.fmaximum` (x86 has no IEEE maximum: NaNs and signed
+    zeros are checked) one lane after another, a chain of about ten scalar instructions per lane:
+    the row maximum of a softmax over 100 keys took most of its time so. The tree's result is the
+    same: the maximum is associative and commutative with NaN propagated and -0 below +0."""
+    found = find_ops(module, lambda op: op.name == "vector.reduction" and _tree_kind(op) is not None)
+    with module.context, ir.Location.unknown():
+        for op in found:
+            combine = _TREE_KINDS[_tree_kind(op)]
+            value, n = op.operands[0], ir.VectorType(op.operands[0].type).shape[0]
+            element = ir.VectorType(value.type).element_type
+            with ir.InsertionPoint(op), op.location:
+                while n > 1:
+                    n //= 2
+                    half = ir.VectorType.get([n], element)
+                    value = combine(vector.ExtractStridedSliceOp(half, value, [0], [n], [1]).result,
+                                    vector.ExtractStridedSliceOp(half, value, [n], [n], [1]).result).result
+                result = vector.ExtractOp(value, [], [0]).result
+                if len(op.operands) > 1:  # the accumulator
+                    result = combine(result, op.operands[1]).result
+            op.results[0].replace_all_uses_with(result)
+            op.erase()
+
+
+def _tree_kind(op: ir.Operation) -> str | None:
+    """The kind of vector.reduction `op` if `tree_reductions` rewrites it: a maximum or minimum of
+    a 1-D vector of floats of a power of two lanes, four or more."""
+    kind = str(op.attributes["kind"]).removeprefix("#vector.kind<").removesuffix(">")
+    t = op.operands[0].type
+    if kind not in _TREE_KINDS or not isinstance(t, ir.VectorType) or ir.VectorType(t).rank != 1:
+        return None
+    n = ir.VectorType(t).shape[0]
+    return kind if n >= 4 and n & (n - 1) == 0 and isinstance(ir.VectorType(t).element_type, ir.FloatType) else None
 
 
 def inline_single_iterations(module: ir.Module) -> None:
