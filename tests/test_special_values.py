@@ -31,6 +31,7 @@ import pytest
 import torch
 from test_ops import call_torch, entry_for, make_args, sort_args
 
+import torchtosa
 from generator.spec import OpDef, Sample, load_specs
 from torchtosa import Unsupported
 from torchtosa.testing import run_op
@@ -178,3 +179,20 @@ def test_integer_division_by_zero_at_run_time_does_not_kill_the_process(dt: str)
     done = subprocess.run([sys.executable, "-c", DIVISION_BY_ZERO.format(dt=dt)], capture_output=True, text=True,
                           timeout=600, cwd=ROOT)
     assert done.returncode == 0 and "ok" in done.stdout, f"exit {done.returncode}: {done.stderr[-2000:]}"
+
+
+@pytest.mark.parametrize("opt", ["none", "default"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_maxima_of_infinities_only_are_infinite(dtype: torch.dtype, opt: str) -> None:
+    """The maximum of a row of -inf only is -inf (the minimum of +inf only +inf), as in eager:
+    tosa-to-linalg starts a float maximum from the lowest finite value (-3.4e38 came out of an
+    amax over a fully masked row; `lower/reduction_identities.py`). Rows of ordinary values,
+    with a NaN, of -inf and of +inf, reduced over the last dim and over all."""
+    x = torch.randn(5, 40, dtype=torch.float64).to(dtype)
+    x[1], x[2], x[3, 7] = -math.inf, math.inf, math.nan
+
+    def extremes(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return t.amax(-1), t.amin(-1), t.max(-1).values, t.min(-1).values, t[1].max(), t[2].min(), t[1:3].amax(0)
+
+    for got, want in zip(torchtosa.compile(extremes, x, opt=opt)(x), extremes(x), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)

@@ -44,6 +44,7 @@ from .fusion import fuse_elementwise
 from .half import round_bf16_in_integers
 from .irutil import find_ops, is_sub_byte, iterator_types, run_passes, top_level
 from .partition import partition
+from .reduction_identities import infinite_identities
 from .schedule import schedule
 from .sink import sink_transposes
 from .static_args import constant_fields, private_arg_types, unoptimized_glue
@@ -199,6 +200,7 @@ def lower(module: ir.Module, opt: str = "default", stop_before: str | None = Non
                     fast_int8_contractions(module, cpu)
                 _exact_float_arith(module)
             if stage == "fuse-before-reshapes":
+                infinite_identities(module)  # tosa-to-linalg's maxima start from the lowest finite value
                 _no_dynamic_broadcasts(module)
             if stage in ("fuse-before-reshapes", "linalg"):
                 _split_boolean_producers(module)
