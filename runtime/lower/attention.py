@@ -26,7 +26,7 @@ import math
 from mlir import ir
 
 from .contractions import sum_of_products
-from .irutil import find_ops, map_dims
+from .irutil import find_ops, map_dims, producer
 from .irutil import tensor_shape as _shape
 from .rows import _chain_end, _own_init, _reduces_rows, _row_producers, fuse_into, match, run_fusion
 from .tiles import Tiles
@@ -81,7 +81,7 @@ def _fused(product: ir.Operation) -> list[ir.Operation] | None:
     loops = len(ir.ArrayAttr(product.attributes["iterator_types"]))
     if loops < 4 or maps[-1] != list(range(loops - 1)) or maps[0] != [*range(loops - 2), loops - 1]:
         return None
-    end = _producer(product.operands[0])
+    end = producer(product.operands[0])
     if end is None or not _chain_end(end) or len(_shape(end.results[0])) != loops - 1:
         return None
     if any(use.owner.operation != product.operation for use in end.results[0].uses):
@@ -90,14 +90,14 @@ def _fused(product: ir.Operation) -> list[ir.Operation] | None:
     if not any(op.name == "linalg.generic" and _reduces_rows(op) for op in chain):
         return None  # no normalization: nothing to keep in cache between the passes
     members = {end.operation, *(op.operation for op in chain)}
-    scores = [p for op in members for v in op.operands if (p := _producer(v)) is not None
+    scores = [p for op in members for v in op.operands if (p := producer(v)) is not None
               and p.name == "linalg.generic" and sum_of_products(p) is not None
               and map_dims(p)[-1] == list(range(loops - 1))
               and all(u.owner.operation in members for u in p.results[0].uses)]
     if len(set(scores)) != 1:
         return None
     first = scores[0]
-    fill = _producer(first.operands[len(first.operands) - 1])
+    fill = producer(first.operands[len(first.operands) - 1])
     fills = [fill] if fill is not None and fill.name == "linalg.fill" else []
     return [end.operation, *members - {end.operation}, first, *fills]
 
@@ -113,7 +113,3 @@ def _block_rows(product: ir.Operation, tiles: Tiles) -> int | None:
     tile = tiles.matmul[0]
     rows = max(tile, tiles.row_block_bytes // (keys * _F32_BYTES) // tile * tile)
     return rows if rows < queries else None
-
-
-def _producer(value: ir.Value) -> ir.Operation | None:
-    return value.owner.operation if isinstance(value, ir.OpResult) else None

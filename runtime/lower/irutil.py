@@ -162,6 +162,11 @@ def expand(value: ir.Value, groups: list[list[int]], sizes: list[int | ir.Value]
     return tensor.ExpandShapeOp(result, value, groups, [d for d in sizes if isinstance(d, ir.Value)], static).result
 
 
+def producer(value: ir.Value) -> ir.Operation | None:
+    """The operation whose result `value` is (None for a block argument)."""
+    return value.owner.operation if isinstance(value, ir.OpResult) else None
+
+
 def static_slice(value: ir.Value, offsets: list[int], sizes: list[int], strides: list[int] | None = None) -> ir.Value:
     """The slice of ranked tensor `value` at static `offsets`, of static `sizes` (and `strides`,
     by default 1), rank kept."""

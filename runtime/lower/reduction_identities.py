@@ -16,7 +16,7 @@ import torch
 from mlir import ir
 from mlir.dialects import arith
 
-from .irutil import find_ops
+from .irutil import find_ops, producer
 
 _DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
 _COMBINERS = {"arith.maximumf": -1.0, "arith.minimumf": 1.0}  # the sign of its identity's infinity
@@ -28,7 +28,7 @@ def infinite_identities(module: ir.Module) -> None:
     with module.context, ir.Location.unknown():
         for fill in find_ops(module, lambda op: op.name == "linalg.fill"):
             value = fill.operands[0]
-            constant = value.owner.operation if isinstance(value, ir.OpResult) else None
+            constant = producer(value)
             if constant is None or constant.name != "arith.constant" or not isinstance(value.type, ir.FloatType):
                 continue
             dtype = _DTYPES.get(str(value.type))

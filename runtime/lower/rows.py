@@ -23,7 +23,7 @@ from collections.abc import Callable
 from mlir import ir
 from mlir.dialects import tensor
 
-from .irutil import find_ops, map_dims, run_passes, run_transform
+from .irutil import find_ops, map_dims, producer, run_passes, run_transform
 from .irutil import tensor_shape as _shape
 
 _ATTR = "torchtosa.rows"  # marks a chain's last op ("<i>") and the producers fused into its rows ("<i>p")
@@ -116,7 +116,7 @@ def _own_init(op: ir.Operation) -> None:
     empty between the ops of a chain (and the chain's end), and slices of one tensor in a row's
     loop made bufferization copy a row of the end's output into each fused op's buffer first."""
     init = op.operands[len(op.operands) - 1]
-    empty = _producer(init)
+    empty = producer(init)
     if empty is not None and empty.name == "tensor.empty":
         element = ir.RankedTensorType(init.type).element_type
         dynamic = iter(empty.operands)  # the sizes of its dynamic dimensions, in order
@@ -170,10 +170,6 @@ def _reduces_rows(op: ir.Operation) -> bool:
     return "reduction" in kinds[-1] and sum("reduction" in k for k in kinds) == 1
 
 
-def _producer(value: ir.Value) -> ir.Operation | None:
-    return value.owner.operation if isinstance(value, ir.OpResult) else None
-
-
 def _row_producers(end: ir.Operation) -> list[ir.Operation]:
     """The row-local ops (`_row_local`) that `end`'s inputs come from, transitively through
     row-local ops, whose every use is in the chain (others would compute their rows twice) and
@@ -183,7 +179,7 @@ def _row_producers(end: ir.Operation) -> list[ir.Operation]:
     found: list[ir.Operation] = []
     pending = _read_by_rows(end, rows)
     while pending:
-        op = _producer(pending.pop())
+        op = producer(pending.pop())
         if op is not None and op not in found and _row_local(op, rows):
             found.append(op)
             pending += _read_by_rows(op, rows)
