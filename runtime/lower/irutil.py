@@ -167,6 +167,11 @@ def producer(value: ir.Value) -> ir.Operation | None:
     return value.owner.operation if isinstance(value, ir.OpResult) else None
 
 
+def user(use: ir.OpOperand) -> ir.Operation:
+    """The operation that reads a value through `use`."""
+    return use.owner.operation if isinstance(use.owner, ir.OpView) else use.owner
+
+
 def static_slice(value: ir.Value, offsets: list[int], sizes: list[int], strides: list[int] | None = None) -> ir.Value:
     """The slice of ranked tensor `value` at static `offsets`, of static `sizes` (and `strides`,
     by default 1), rank kept."""

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from mlir import ir
 
+from . import irutil
 from .irutil import function_bodies
 
 
@@ -155,12 +156,6 @@ def through_reshape(source: list[int], result: list[int], perm: Perm) -> Perm | 
 # ---------------------------------------------------------------- IR helpers
 
 
-def _producer(value: ir.Value) -> ir.Operation | None:
-    """The op whose result `value` is; None for a block argument."""
-    owner = value.owner
-    return owner.operation if isinstance(owner, ir.OpView) else owner if isinstance(owner, ir.Operation) else None
-
-
 def _shape(value: ir.Value) -> list[int] | None:
     """The static shape of a ranked tensor value, else None."""
     t = value.type
@@ -175,7 +170,7 @@ def _perm(op: ir.Operation) -> Perm:
 
 def _shape_values(value: ir.Value) -> list[int] | None:
     """The values of a `!tosa.shape` operand made by a tosa.const_shape."""
-    owner = _producer(value)
+    owner = irutil.producer(value)
     if owner is None or owner.name != "tosa.const_shape":
         return None
     return [int(v) for v in ir.DenseIntElementsAttr(owner.attributes["values"])]
@@ -259,7 +254,7 @@ def fold_layout(block: ir.Block) -> None:
         if name not in ("tosa.transpose", "tosa.reshape"):
             continue
         source = op.operands[0]
-        producer = _producer(source)
+        producer = irutil.producer(source)
         perms: Perm = ()
         if name == "tosa.transpose":
             perms = _perm(op)
@@ -268,11 +263,11 @@ def fold_layout(block: ir.Block) -> None:
                 op.attributes["perms"] = ir.DenseI32ArrayAttr.get(list(perms))
                 source = producer.operands[0]
                 op.operands[0] = source
-                producer = _producer(source)
+                producer = irutil.producer(source)
         elif producer is not None and producer.name == "tosa.reshape":
             source = producer.operands[0]
             op.operands[0] = source
-            producer = _producer(source)
+            producer = irutil.producer(source)
         result = op.results[0]
         shape = _shape(result)
         if shape is None or _shape(source) is None:  # two `?` sizes may swap their values
@@ -361,17 +356,13 @@ def _sink_reshape(block: ir.Block) -> bool:
     return False
 
 
-def _owner(use: ir.OpOperand) -> ir.Operation:
-    return use.owner.operation if isinstance(use.owner, ir.OpView) else use.owner
-
-
 def _sink(op: ir.Operation) -> bool:
     source, result = op.operands[0], op.results[0]
     x, y = _shape(source), _shape(result)
     uses = list(result.uses)
     if x is None or y is None or len(uses) != 1 or [n for n in x if n != 1] != [n for n in y if n != 1]:
         return False
-    user, at = _owner(uses[0]), uses[0].operand_number
+    user, at = irutil.user(uses[0]), uses[0].operand_number
     entry = _entry(user)
     if entry is None or entry["kind"] != "elementwise" or entry["axis"] or at not in _follow(user, entry):
         return False
@@ -392,7 +383,7 @@ def _sink(op: ir.Operation) -> bool:
         value = user.operands[k]
         if value == result:
             continue
-        const, shape = _producer(value), _shape(value)
+        const, shape = irutil.producer(value), _shape(value)
         if const is None or const.name != "tosa.const" or not _foldable(const) or shape is None \
                 or len(shape) != len(y) or any(shape[j] != 1 for j, n in enumerate(y) if n == 1):
             return False
@@ -443,12 +434,12 @@ class _Region:
         self.members.add(op)
 
     def produced(self, value: ir.Value) -> bool:
-        owner = _producer(value)
+        owner = irutil.producer(value)
         return owner is not None and owner in self.members
 
     def inside(self, use: ir.OpOperand) -> bool:
         """A use that reads its value in the region's layout: a followed operand of a region op."""
-        owner = use.owner.operation if isinstance(use.owner, ir.OpView) else use.owner
+        owner = irutil.user(use)
         return owner in self.members and use.operand_number in _follow(owner, _table()[owner.name])
 
 
@@ -485,12 +476,12 @@ def _grow(seed: ir.Value, perm: Perm) -> _Region:
         if _identity(perm):
             continue  # its ops would stay as they are
         candidates: list[tuple[ir.Operation, int]] = []
-        producer = _producer(value)
+        producer = irutil.producer(value)
         if producer is not None and _entry(producer) is not None:
             candidates.append((producer, -1))
         # the other readers of a value computed outside (a constant, a transpose) read it as they do
         for use in value.uses if value == seed or region.produced(value) else ():
-            user = _owner(use)
+            user = irutil.user(use)
             entry = _entry(user)
             if entry is not None and use.operand_number in _follow(user, entry):
                 candidates.append((user, use.operand_number))
@@ -527,7 +518,7 @@ def _delta(region: _Region) -> Cost:
 
     def read(value: ir.Value, perm: Perm) -> None:
         """The cost of reading `value` laid out by `perm`."""
-        producer = _producer(value)
+        producer = irutil.producer(value)
         if region.produced(value):
             stored = region.perms[value]  # the new value is the old one transposed by it
             add(new, _transpose_cost([_shape(value)[p] for p in stored], compose(inverse(stored), perm)))
@@ -545,7 +536,7 @@ def _delta(region: _Region) -> Cost:
             for use in value.uses:
                 if region.inside(use):
                     continue
-                user = use.owner.operation if isinstance(use.owner, ir.OpView) else use.owner
+                user = irutil.user(use)
                 if user.name == "tosa.transpose" and user not in changed:
                     changed.add(user)
                     add(removed, _transpose_cost(_shape(value), _perm(user)))
@@ -557,10 +548,10 @@ def _delta(region: _Region) -> Cost:
             if back:
                 add(new, _transpose_cost([_shape(value)[p] for p in perm], inverse(perm)))
         elif not _identity(perm):
-            if any(not region.inside(u) for u in value.uses) or _producer(value) is None:
+            if any(not region.inside(u) for u in value.uses) or irutil.producer(value) is None:
                 read(value, perm)
                 continue
-            producer = _producer(value)
+            producer = irutil.producer(value)
             if producer.name == "tosa.transpose" and producer not in changed:
                 changed.add(producer)
                 add(removed, _transpose_cost(_shape(producer.operands[0]), _perm(producer)))
@@ -602,7 +593,7 @@ def _rewrite(region: _Region) -> None:
         """`value` laid out by `perm`, built before the op being rewritten."""
         key = (value, perm)
         if key not in reads:
-            producer = _producer(value)
+            producer = irutil.producer(value)
             if value in new:
                 reads[key] = transpose(new[value], compose(inverse(region.perms[value]), perm))
             elif producer is not None and producer.name == "tosa.transpose":
@@ -641,7 +632,7 @@ def _rewrite(region: _Region) -> None:
     for op in ops:
         result = op.results[0]
         for use in list(result.uses):
-            user = use.owner.operation if isinstance(use.owner, ir.OpView) else use.owner
+            user = irutil.user(use)
             if user in region.members:
                 continue
             if user.name == "tosa.transpose":  # one transpose from the new layout, or none

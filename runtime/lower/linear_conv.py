@@ -20,7 +20,8 @@ import math
 import numpy as np
 from mlir import ir
 
-from .layout import _foldable, _moved, _perm, _producer, _shape, reshape, rewrite_each
+from . import irutil
+from .layout import _foldable, _moved, _perm, _shape, reshape, rewrite_each
 
 INTEGER = ("i8",)  # element types of the matmuls rewritten (i32 accumulators: exact)
 
@@ -33,7 +34,7 @@ def linears_as_convolutions(module: ir.Module) -> int:
 
 
 def _constant(value: ir.Value) -> ir.Operation | None:
-    producer = _producer(value)
+    producer = irutil.producer(value)
     return producer if producer is not None and producer.name == "tosa.const" and _foldable(producer) else None
 
 
@@ -41,10 +42,10 @@ def _flattened_transpose(value: ir.Value) -> tuple[ir.Value, np.ndarray] | None:
     """For a row `[1, 1, K]` that is a transpose of `y`, flattened (a CNN's NHWC features
     flattened in NCHW order before its classifier): `y` and, for each element of the row, its
     index in `y` flattened; the convolution then reads `y` and the weight's columns move."""
-    producer = _producer(value)
+    producer = irutil.producer(value)
     if producer is None or producer.name != "tosa.reshape":
         return None
-    inner = _producer(producer.operands[0])
+    inner = irutil.producer(producer.operands[0])
     if inner is None or inner.name != "tosa.transpose" or _shape(inner.operands[0]) is None:
         return None
     y = inner.operands[0]
@@ -65,7 +66,7 @@ def _as_convolution(matmul: ir.Operation) -> bool:
     uses = list(out.uses)
     bias, add = None, None
     if len(uses) == 1 and uses[0].owner.name == "tosa.add":
-        add = uses[0].owner.operation if isinstance(uses[0].owner, ir.OpView) else uses[0].owner
+        add = irutil.user(uses[0])
         other = _constant(add.operands[1 - uses[0].operand_number])
         if other is not None and _shape(add.results[0]) == [1, n, o] and _shape(other.results[0]) == [1, 1, o]:
             bias = _moved(other.attributes["values"], ir.RankedTensorType.get([o], i32), None)

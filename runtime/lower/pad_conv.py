@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from mlir import ir
 
-from .layout import _producer, _shape, _shape_values, _with_shape, reshape, rewrite_each
+from . import irutil
+from .layout import _shape, _shape_values, _with_shape, reshape, rewrite_each
 
 CONVOLUTIONS = ("tosa.conv2d", "tosa.depthwise_conv2d")
 INTEGER = ("i8", "i16")  # int16 too (a16w8: its zero point is 0, so the padding is the same)
@@ -30,7 +31,7 @@ def pads_into_convolutions(module: ir.Module) -> int:
 
 def _only(value: ir.Value, name: str) -> ir.Operation | None:
     """The producer of `value` if it is a `name` op whose result nothing else reads."""
-    producer = _producer(value)
+    producer = irutil.producer(value)
     if producer is None or producer.name != name or len(list(producer.results[0].uses)) != 1:
         return None
     return producer
@@ -38,7 +39,7 @@ def _only(value: ir.Value, name: str) -> ir.Operation | None:
 
 def _scalar(value: ir.Value) -> int | None:
     """The one integer of a constant (a zero point, a pad value)."""
-    producer = _producer(value)
+    producer = irutil.producer(value)
     if producer is None or producer.name != "tosa.const":
         return None
     values = ir.DenseIntElementsAttr(producer.attributes["values"])

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from mlir import ir
 
-from .layout import _producer, _shape, _with_shape, reshape, rewrite_each, transpose
+from . import irutil
+from .layout import _shape, _with_shape, reshape, rewrite_each, transpose
 
 INTEGER = ("i8", "i16")  # int16 too (a16w8: i48 sums, exact in any order as i32 ones)
 NATIVE_STRIDE = 3  # the largest stride Ethos-U's convolutions take in hardware
@@ -39,7 +40,7 @@ def _ints(op: ir.Operation, name: str) -> list[int]:
 def _as_patches(conv: ir.Operation) -> bool:
     x, w = conv.operands[0], conv.operands[1]
     shape, kernel = _shape(x), _shape(w)
-    weight = _producer(w)
+    weight = irutil.producer(w)
     if shape is None or kernel is None or weight is None or weight.name != "tosa.const" or \
             str(ir.RankedTensorType(x.type).element_type) not in INTEGER:
         return False

@@ -42,7 +42,7 @@ from .copies import row_copies
 from .float_int8 import fast_int8_contractions
 from .fusion import fuse_elementwise
 from .half import round_bf16_in_integers
-from .irutil import find_ops, is_sub_byte, iterator_types, run_passes, top_level
+from .irutil import find_ops, is_sub_byte, iterator_types, producer, run_passes, top_level
 from .partition import partition
 from .reduction_identities import infinite_identities
 from .schedule import schedule
@@ -490,7 +490,7 @@ def _results_in_place(module: ir.Module, results: dict[str, int]) -> None:
             source, target = copy.operands
             reshapes = _reshapes(source)
             buffer = reshapes[-1].operands[0] if reshapes else source
-            alloc = _defining_op(buffer)
+            alloc = producer(buffer)
             if (alloc is None or alloc.name != "memref.alloc" or alloc.parent != function.operation
                     or not isinstance(target, ir.BlockArgument) or target.owner != entry
                     or target.arg_number < first_output or source.type != target.type
@@ -517,7 +517,7 @@ def _reshapes(value: ir.Value) -> list[ir.Operation]:
     `value` is a view of, outermost first."""
     chain: list[ir.Operation] = []
     while True:
-        op = _defining_op(value)
+        op = producer(value)
         if op is None or op.name not in ("memref.expand_shape", "memref.collapse_shape") or len(list(value.uses)) != 1:
             return chain
         chain.append(op)
@@ -660,24 +660,19 @@ def _no_dynamic_broadcasts(module: ir.Module) -> None:
         and all(isinstance(r.type, ir.RankedTensorType) for r in op.results)))
     for op in reversed(found):
         else_yield = list(op.regions[1].blocks[0].operations)[-1]
-        if any(_defining_op(v) is not None and _defining_op(v).parent == op for v in else_yield.operands):
+        if any(producer(v) is not None and producer(v).parent == op for v in else_yield.operands):
             continue  # the else branch computes something: not a broadcast choice
         for result, value in zip(op.results, list(else_yield.operands), strict=True):
             result.replace_all_uses_with(value)
         op.erase()
 
 
-def _defining_op(value: ir.Value) -> ir.Operation | None:
-    owner = value.owner
-    return owner.operation if isinstance(owner, ir.OpView | ir.Operation) else None
-
-
 def _is_size_one_test(cond: ir.Value) -> bool:
     """Whether `cond` is `arith.cmpi eq, (tensor.dim ...), 1`."""
-    op = _defining_op(cond)
+    op = producer(cond)
     if op is None or op.name != "arith.cmpi" or ir.IntegerAttr(op.attributes["predicate"]).value != 0:
         return False
-    defs = [_defining_op(v) for v in op.operands]
+    defs = [producer(v) for v in op.operands]
     names = sorted(d.name if d is not None else "" for d in defs)
     one = [d for d in defs if d is not None and d.name == "arith.constant"]
     return names == ["arith.constant", "tensor.dim"] and ir.IntegerAttr(one[0].attributes["value"]).value == 1
