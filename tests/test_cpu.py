@@ -24,7 +24,7 @@ from generator.source import SpecError
 from torchtosa import cpu as cpus
 from torchtosa.execute import native, toolchain
 from torchtosa.lower import int8_dot, pipeline
-from torchtosa.lower.tiles import COLUMN_VECTORS, MAX_ACCUMULATORS, derive
+from torchtosa.lower.tiles import MAX_ROWS, derive
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = cpus.table()
@@ -86,13 +86,25 @@ def test_an_entry_this_machine_cannot_run_is_refused() -> None:
 
 @pytest.mark.parametrize("name", sorted(TABLE))
 def test_register_tiles_fit_the_register_file(name: str) -> None:
-    """Accumulators, the loaded row of columns and a broadcast fit the vector registers; every
-    width is whole vectors."""
+    """Accumulators, the loaded row of columns and a broadcast fit the vector registers, the
+    accumulators in three quarters of them; every width is whole vectors, a convolution's and a
+    depthwise one's a power of two of them, of the contraction's rows."""
     c, t = TABLE[name], derive(TABLE[name])
     rows, columns = t.matmul
-    assert columns == COLUMN_VECTORS * c.lanes and t.vector % c.lanes == 0 and t.transpose == c.lanes
-    assert rows * COLUMN_VECTORS + COLUMN_VECTORS + 1 <= c.vector_registers
-    assert rows * COLUMN_VECTORS <= MAX_ACCUMULATORS
+    vectors = columns // c.lanes
+    assert columns % c.lanes == 0 and t.vector % c.lanes == 0 and t.transpose == c.lanes
+    assert rows * vectors + vectors + 1 <= c.vector_registers and rows * vectors <= c.vector_registers * 3 // 4
+    assert rows <= MAX_ROWS
+    for tile in (t.convolution, t.depthwise):
+        assert tile[0] == rows and tile[1] % c.lanes == 0 and (tile[1] // c.lanes).bit_count() == 1
+        assert tile[1] <= columns < 2 * tile[1]
+
+
+def test_register_tiles_are_the_known_kernels() -> None:
+    """The rule gives the register tiles of the libraries measured against: MKL's AVX-512 sgemm
+    kernel (8 x 48), BLIS's Haswell (6 x 16) and ARMv8 (8 x 12) ones."""
+    by_registers = {(c.vector_registers, c.lanes): derive(c).matmul for c in TABLE.values()}
+    assert by_registers[32, 16] == (8, 48) and by_registers[16, 8] == (6, 16) and by_registers[32, 4] == (8, 12)
 
 
 @pytest.mark.parametrize("name", RUNNABLE_X86)
@@ -202,7 +214,7 @@ def test_register_tiles_do_not_spill(name: str, tmp_path: Path) -> None:
     nor reloads a register: the tile's accumulators, its loaded columns and a broadcast fit the
     register file as `tiles.derive` counts them (an 8 x 16 tile on AVX2 spilled in that loop)."""
     c = TABLE[name]
-    # whole tiles of 6 and 8 rows, 16 and 32 columns
+    # whole tiles of 6 and 8 rows, 12, 16 and 48 columns (128 = 2 x 48 + 32 on AVX-512)
     _, module = _lowered(c, torch.mm, (torch.randn(96, 256), torch.randn(256, 128)))
     blocks: dict[str, list[str]] = {}
     label = ""

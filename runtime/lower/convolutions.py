@@ -107,7 +107,7 @@ def rewrite_convolutions(module: ir.Module, cpu: Cpu | None = None) -> None:
                 with blaming(op):
                     _conv3d_as_conv2d(op)
         chosen = tiles.selected(cpu)
-        limit, columns = chosen.direct_filter_bytes, chosen.matmul[1]
+        limit, columns = chosen.direct_filter_bytes, chosen.convolution[1]
         for op in find_ops(module, lambda op: op.name in (CONV, CONV_HWCF) and _panel_exceeds(op, limit, columns)):
             with blaming(op):
                 _taps_as_matmuls(op)

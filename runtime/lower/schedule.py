@@ -106,6 +106,7 @@ from .irutil import (
     iterator_types,
     map_dims,
     positive_zero,
+    producer,
     run_passes,
     run_transform,
     static_slice,
@@ -259,11 +260,13 @@ def schedule(module: ir.Module, parallel: bool = False, cpu: Cpu | None = None) 
         run_transform(module, _lowering(tiles))
     finally:
         _drop_attrs(module, (_TILE_ATTR, _HOIST_ATTR))
+    fold_piece_writes(module)
     zero_accumulators(module)
     inline_single_iterations(module)
     # canonicalize drops the loop-carried values that hoisting leaves unchanged, which
     # bufferization would otherwise resolve with a buffer copy per tile
     run_passes(module, "builtin.module(canonicalize,cse)")
+    rows_first(module)  # once CSE has made the pieces' broadcasts one per row
     _reassociate_reductions(module)
     tree_reductions(module)
     if vecmath.library(cpu) is not None:
@@ -441,8 +444,8 @@ def _pack_filter(op: ir.Operation, parallel: bool, tiles: Tiles) -> None:
     if tiling is None:
         return
     loops, tn = _loop_sizes(op), tiling[0][3]
-    if _whole_tiles_and_rest(loops[3], tiles):
-        tn = tiles.matmul[1]
+    if _whole_tiles_and_rest(loops[3], tiles.convolution[1]):
+        tn = tiles.convolution[1]
     if loops[3] > tn:
         rest = _filter_panels(op, tn, parallel and threads() > 1 and math.prod(loops) >= SPLIT_MIN_MACS)
         if rest is not None:
@@ -508,7 +511,7 @@ def _pack_panels(op: ir.Operation, parallel: bool, tiles: Tiles) -> None:
         return
     sizes = tiling[0]
     loops = _loop_sizes(op)
-    if _whole_tiles_and_rest(loops[-2], tiles):
+    if _whole_tiles_and_rest(loops[-2], tiles.matmul[1]):
         sizes = (*sizes[:-2], tiles.matmul[1], sizes[-1])
     elif loops[-2] is None or len(loops) - 2 in tiling[2]:
         return  # a dynamic or peeled column count: its last panel would be partial
@@ -532,11 +535,12 @@ def _pack_panels(op: ir.Operation, parallel: bool, tiles: Tiles) -> None:
                 _pack_panels(rest, parallel, tiles)
 
 
-def _whole_tiles_and_rest(columns: Extent, tiles: Tiles) -> bool:
-    """Whether a static count of output columns (channels) that the register tile's columns do not
-    divide runs as panels of whole tiles and, after them, a contraction (convolution) of the rest
-    (`_column_panels`, `_filter_panels`), rather than in tiles of a divisor of it."""
-    return columns is not None and columns > tiles.matmul[1] and columns % tiles.matmul[1] != 0
+def _whole_tiles_and_rest(columns: Extent, tile: int) -> bool:
+    """Whether a static count of output columns (channels) that the register tile's `tile`
+    columns do not divide runs as panels of whole tiles and, after them, a contraction
+    (convolution) of the rest (`_column_panels`, `_filter_panels`), rather than in tiles of a
+    divisor of it."""
+    return columns is not None and columns > tile and columns % tile != 0
 
 
 def _half_contraction_loops(op: ir.Operation) -> tuple[Extent, ...] | None:
@@ -1210,9 +1214,9 @@ def _plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
     if loops is None or not loops or 0 in loops or _broadcast_product_to_scalar(op):
         return None
     t = tiles or derive(select())
-    rows, columns = t.matmul
     order = list(range(len(loops)))
-    if op.name in _DENSE:  # a dynamic output width gets tiles of 1 (no masked 1-D convolutions)
+    if op.name in _DENSE:
+        rows, columns = t.convolution  # a dynamic output width gets tiles of 1 (no masked 1-D convolutions)
         n, _, ow, f, _, _, _ = loops
         tf = _column_divisor(f, columns)
         ragged = (3,) if tf & (tf - 1) else ()  # by a power of two, the rest by the powers below, as
@@ -1251,6 +1255,9 @@ def _plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
     mn = _matmul_loops(op)
     if mn is not None:  # reduction step 1: the k loop keeps tile 1
         m, n = mn
+        rows, columns = t.matmul
+        if None in (loops[m], loops[n]):  # peeled tiles are vectorized whole: a power of two of vectors
+            columns = t.convolution[1]
         sizes[m] = _tile(loops[m], rows)
         sizes[n] = columns if loops[n] is None else _column_divisor(loops[n], columns)
         order.remove(n)
@@ -2002,12 +2009,14 @@ def _lanes_divisor(n: int, target: int, lanes: int) -> int:
 
 
 def _column_divisor(n: int, target: int) -> int:
-    """The column tile of a contraction or convolution: the largest power-of-two divisor of `n`
-    from 8 up to `target`, else `_divisor`. A tile of 24 or 48 columns (MobileNetV2's 24 and 144
-    channels) is not a whole number of AVX-512 registers of f32 in powers of two, and ran 10-13x
-    slower than tiles of 8 or 16 (a 1x1 convolution 96 -> 24 on 56 x 56: 2745 us, 198 us in
-    tiles of 8)."""
-    return next((d for d in (32, 16, 8) if d <= target and n % d == 0), None) or _divisor(n, target)
+    """The column tile of a contraction or convolution: `target` (the register tile's columns) or
+    the largest power of two from 8 below it that divides `n`, else `_divisor`. A tile of 24 or
+    48 columns vectorized whole (MobileNetV2's 24 and 144 channels before the tile was split,
+    `_column_pieces`) is not a whole number of AVX-512 registers of f32 in powers of two, and ran
+    10-13x slower than tiles of 8 or 16 (a 1x1 convolution 96 -> 24 on 56 x 56: 2745 us, 198 us
+    in tiles of 8)."""
+    powers = (1 << e for e in range(target.bit_length() - 1, 2, -1))
+    return next((d for d in (target, *powers) if n % d == 0), None) or _divisor(n, target)
 
 
 def _tile(n: Extent, target: int) -> int:
@@ -2079,7 +2088,7 @@ def _script(groups: dict[Key, list[ir.Operation]], tiles: Tiles) -> list[str]:
                      f" : ({any_op}) -> ({results})")
         if kind in _DECOMPOSED:
             lines.append(f"  %tiled{i}_1d = transform.structured.decompose %tiled{i} : ({any_op}) -> {any_op}")
-        lines.append(f"  transform.structured.vectorize %tiled{i}{'_1d' if kind in _DECOMPOSED else ''} : {any_op}")
+        lines += _vectorize(f"%tiled{i}{'_1d' if kind in _DECOMPOSED else ''}", groups[key][0], sizes, tiles.lanes)
     lines.append(f'  %funcs = transform.structured.match ops{{["func.func"]}} in %root : ({any_op}) -> {any_op}')
     if peeled:
         # the tiles' sizes are constants after peeling: fold them into the types. The tiles
@@ -2097,10 +2106,124 @@ def _script(groups: dict[Key, list[ir.Operation]], tiles: Tiles) -> list[str]:
             lines.append(f"  %again{i} = {_match(_key(key))}")
             if key[0] in _DECOMPOSED:
                 lines.append(f"  %again{i}_1d = transform.structured.decompose %again{i} : ({any_op}) -> {any_op}")
-            lines.append(f"  transform.structured.vectorize %again{i}{'_1d' if key[0] in _DECOMPOSED else ''}"
-                         f" : {any_op}")
+            lines += _vectorize(f"%again{i}{'_1d' if key[0] in _DECOMPOSED else ''}", groups[key][0], key[1],
+                                tiles.lanes)
     lines += [f"  transform.foreach %funcs : {any_op} {{", f"  ^bb0(%func: {any_op}):", _CLEANUP, "  }"]
     return lines
+
+
+def _vectorize(target: str, op: ir.Operation, sizes: tuple[int, ...], lanes: int) -> list[str]:
+    """Transform-script lines vectorizing the tiles `target` of ops like `op`, tiled by `sizes`.
+
+    A contraction's register tile of a number of vectors of columns other than a power of two
+    (8 x 48: 3 vectors of 16 lanes) is vectorized one vector of columns at a time (8 x 16), the
+    loop over them unrolled: vectorized whole, LLVM legalizes its loop-carried vector<8x48xf32>
+    element by element (2 GF/s). `rows_first` then orders each step of k as MKL's kernel does.
+    """
+    any_op = "!transform.any_op"
+    mn = _matmul_loops(op) if op.name not in (*_DENSE, _DEPTHWISE) else None
+    vectors = sizes[mn[1]] // lanes if mn is not None and sizes[mn[1]] % lanes == 0 else 1
+    if vectors & (vectors - 1) == 0:
+        return [f"  transform.structured.vectorize {target} : {any_op}"]
+    pieces = ", ".join(str(lanes if d == mn[1] else 0) for d in range(len(sizes)))
+    piece, columns = f"{target}_piece", f"{target}_columns"
+    return [f"  {piece}, {columns} = transform.structured.tile_using_for {target} tile_sizes [{pieces}]"
+            f" : ({any_op}) -> ({any_op}, {any_op})",
+            f"  transform.structured.vectorize {piece} : {any_op}",
+            f"  transform.loop.unroll {columns} {{factor = {vectors}}} : {any_op}"]
+
+
+def rows_first(module: ir.Module) -> None:
+    """Order the body of each reduction loop of a register tile vectorized in pieces (`_vectorize`)
+    row by row: every op of it as early as its operands allow, just after the last of them. The
+    pieces' code is one piece after another (all rows' FMAs of the first vector of columns, then
+    of the second...), which keeps every row's broadcast live until the last piece: 8 broadcasts,
+    24 accumulators and a vector of columns, one register more than AVX-512 has (a spill and a
+    reload per step of k, 1024^3 at 74 GF/s against 123 for the 8 x 32 tile). Earliest first,
+    the loads of columns lead and each row's broadcast is followed by its FMAs, MKL's order,
+    which LLVM keeps.
+
+    Each op is placed just after its last operand's op, before the ops placed there earlier: a
+    rank extending that op's (`(anchor's rank, -count)`, compared as tuples) gives the order at
+    once, without scanning the block for positions (which took 0.27 s of an encoder layer)."""
+    for loop in find_ops(module, _carries_pieces):
+        body = loop.regions[0].blocks[0]
+        *ops, end = list(body.operations)
+        rank: dict[ir.Operation, tuple[int, ...]] = {}
+        for count, op in enumerate(ops):
+            inside = [rank[a.operation] for a in map(producer, op.operands) if a is not None and a.operation in rank]
+            rank[op.operation] = (*max(inside), -count) if inside else (-count,)
+        for op in sorted(ops, key=lambda op: rank[op.operation]):
+            op.move_before(end)
+
+
+def _carries_pieces(op: ir.Operation) -> bool:
+    """Whether `op` is a loop carrying the accumulators of a register tile vectorized in pieces
+    (more than one vector, FMAs), whose body is ops without side effects (on tensors, before
+    bufferization) and the yield."""
+    if op.name != "scf.for" or sum(isinstance(r.type, ir.VectorType) for r in op.results) < 2:
+        return False
+    names = [inner.name for inner in op.regions[0].blocks[0].operations]
+    return "vector.fma" in names and all(n.split(".")[0] in _PURE_DIALECTS for n in names[:-1])
+
+
+_PURE_DIALECTS = ("vector", "arith", "affine", "tensor")  # on tensors: no side effects
+
+
+def fold_piece_writes(module: ir.Module) -> None:
+    """Write each vector of a register tile vectorized in pieces (`_vectorize`) straight into the
+    tile: `insert_slice(transfer_write(v, slice), tile)` is `transfer_write(v, tile)` where the
+    write covers its slice (`_covering_write`). MLIR's fold of the pair (fold_tensor_subset_ops_
+    into_vector_transfers) wants the vector's shape to be the slice's, and a piece of a tile of
+    one row writes a vector<16xf32> into a 1 x 16 slice; left as a pair, bufferization gave
+    every piece a buffer of its own and copied it into the tile."""
+    with module.context, ir.Location.unknown():
+        for op in find_ops(module, lambda op: op.name == "tensor.insert_slice"):
+            write = _covering_write(op)
+            if write is None:
+                continue
+            value, dest = write.operands[0], op.operands[1]
+            rank, vector_rank = _rank(dest), ir.VectorType(value.type).rank
+            with ir.InsertionPoint(op):
+                offsets = ir.DenseI64ArrayAttr(op.attributes["static_offsets"])
+                at = [arith.constant(ir.IndexType.get(), o) for o in offsets]
+                new = vector.TransferWriteOp(dest.type, value, dest, at,
+                                             ir.AffineMapAttr.get(ir.AffineMap.get_minor_identity(rank, vector_rank)),
+                                             ir.ArrayAttr.get([ir.BoolAttr.get(True)] * vector_rank))
+            op.results[0].replace_all_uses_with(new.result)
+            op.erase()
+            write.erase()
+
+
+def _covering_write(insert: ir.Operation) -> ir.Operation | None:
+    """The vector.transfer_write whose result `insert` (a tensor.insert_slice of static offsets,
+    unit strides, of the destination's rank) alone inserts, where it writes its whole tensor: in
+    bounds, at zeros, its vector that tensor's shape without leading units (vector<16xf32> in
+    tensor<1x16xf32>)."""
+    write = producer(insert.operands[0])
+    if write is None or write.name != "vector.transfer_write" or len(list(write.results[0].uses)) != 1:
+        return None
+    shape, rank = _shape(insert.operands[0]), _rank(insert.operands[0])
+    vector_shape = ir.VectorType(write.operands[0].type).shape
+    leading = rank - len(vector_shape)
+    minor = ir.AffineMapAttr.get(ir.AffineMap.get_minor_identity(rank, len(vector_shape)))
+    static = len(list(insert.operands)) == 2 and set(ir.DenseI64ArrayAttr(insert.attributes["static_strides"])) == {1}
+    if (not static or rank != _rank(insert.operands[1]) or leading < 0 or shape[leading:] != vector_shape
+            or any(d != 1 for d in shape[:leading]) or len(list(write.operands)) != 2 + rank
+            or not all(_constant_zero(i) for i in list(write.operands)[2:])
+            or str(write.attributes["permutation_map"]) != str(minor)
+            or not all(ir.BoolAttr(b).value for b in ir.ArrayAttr(write.attributes["in_bounds"]))):
+        return None
+    return write
+
+
+def _rank(value: ir.Value) -> int:
+    return ir.ShapedType(value.type).rank
+
+
+def _constant_zero(value: ir.Value) -> bool:
+    owner = producer(value)
+    return owner is not None and owner.name == "arith.constant" and ir.IntegerAttr(owner.attributes["value"]).value == 0
 
 
 def _lowering(tiles: Tiles) -> list[str]:

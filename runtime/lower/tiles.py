@@ -5,19 +5,27 @@ A contraction's register tile is `rows` x `columns` f32 accumulators held in vec
 for the whole reduction; each step of k loads the tile's `columns` of the second operand (one
 vector per `lanes` columns), broadcasts one element of the first operand per row and issues one
 FMA per accumulator vector. Accumulators take the registers the operands leave: all but the
-loaded vectors of columns and one broadcast, in whole rows, so nothing spills (a spilled
-accumulator costs a load and a store per FMA, and LLVM's register allocator time grows with
-the spill code), and at most MAX_ACCUMULATORS: sixteen FMAs in flight cover the FMA latency
-(4 cycles) of two units twice over, and a larger tile leaves longer remainders (BLIS's Haswell
-kernel is our AVX2 tile, 6 x 16; an AVX-512 tile of 14 x 32 was not measured). Two vectors of
-columns per row keep the loads to FMAs ratio at (2 + rows) : 2 rows.
+loaded vectors of columns and one broadcast, so nothing spills (a spilled accumulator costs a
+load and a store per FMA, and LLVM's register allocator time grows with the spill code), and at
+most three quarters of the register file; rows at most MAX_ROWS. Of the tiles that fit, the one
+with the most accumulators, the narrower of equals (`register_tile`):
 
-    AVX-512 (32 x 16 lanes): min(32 - 3, 16) = 16 accumulators: 8 rows x 2 vectors, an 8 x 32 tile
-    AVX2    (16 x  8 lanes): 16 - 3 = 13 -> 12 accumulators:     6 rows x 2 vectors, a 6 x 16 tile
-    NEON    (32 x  4 lanes): min(32 - 3, 16) = 16 accumulators: 8 rows x 2 vectors, an 8 x 8 tile
+    AVX-512 (32 x 16 lanes): 3 vectors x 8 rows = 24 accumulators (4 x 6 ties): an 8 x 48 tile
+    AVX2    (16 x  8 lanes): 2 vectors x 6 rows = 12 accumulators (3 x 4 ties): a 6 x 16 tile
+    NEON    (32 x  4 lanes): 3 vectors x 8 rows = 24 accumulators:              an 8 x 12 tile
 
-AVX2's tile had half of the registers before (4 x 16: 8 accumulators, exactly the FMAs in
-flight, no slack): it ran a 1024^3 matmul 6% slower than 6 x 16 with the remainder rows
+MKL's AVX-512 sgemm kernel is 8 x 48, BLIS's Haswell one 6 x 16 and its ARMv8 one 8 x 12. On an
+Emerald Rapids core (one thread, interleaved) 8 x 48 ran a 1024 x 1024 x 960 matmul at 132 GF/s
+against 123 for the 8 x 32 tile before (eager 134); x86-64-v3 code on the same core, 4 x 24 at
+58 against 66 for 6 x 16. A tile of a number of vectors other than a power of two is vectorized
+one vector of one row at a time (`schedule._column_pieces`): whole, LLVM legalizes its
+loop-carried vector<8x48xf32> element by element.
+
+A direct convolution's tile is vectorized whole (decomposed into 1-D convolutions first): its
+columns are the largest power of two of vectors in the contraction's (`convolution`: 8 x 32,
+6 x 16, 8 x 8), as are a depthwise convolution's (`depthwise`, output columns x channels).
+AVX2's contraction tile had half of the registers before (4 x 16: 8 accumulators, exactly the
+FMAs in flight, no slack): it ran a 1024^3 matmul 6% slower than 6 x 16 with the remainder rows
 peeled (`schedule._peel_rows`), ResNet-50 and ConvNeXt-T 4% slower.
 
 A direct convolution reads a packed panel of its filter (every tap and input channel, one
@@ -68,11 +76,11 @@ from dataclasses import dataclass
 
 from ..cpu import Cpu, select
 
-COLUMN_VECTORS = 2  # vectors of columns per row of a register tile
+MAX_ROWS = 8  # rows of a register tile, at most
+MAX_COLUMN_VECTORS = 4  # vectors of columns of a register tile, at most
 DOT_COLUMNS = 4  # output columns of a vector-matrix product's register tile
 DOT_MAX_ROWS = 8  # a product of up to this many rows reads its weight as dot products
 OTHER_OPS_VECTORS = 4  # vectors of the innermost tile of elementwise ops and reductions
-MAX_ACCUMULATORS = 16  # vector registers of a register tile's accumulators, at most
 
 
 @dataclass(frozen=True)
@@ -82,7 +90,8 @@ class Tiles:
     lanes: int  # f32 lanes of one vector register
     registers: int  # vector registers
     l1_bytes: int  # the L1 data cache
-    matmul: tuple[int, int]  # rows x columns of a contraction's (and a convolution's) register tile
+    matmul: tuple[int, int]  # rows x columns of a contraction's register tile
+    convolution: tuple[int, int]  # rows x columns of a direct convolution's register tile
     depthwise: tuple[int, int]  # output columns x channels of a depthwise convolution's tile
     vector: int  # innermost tile of other vectorized ops
     transpose: int  # side of a transpose's square tile, transposed in registers: one vector
@@ -98,16 +107,28 @@ class Tiles:
 def derive(cpu: Cpu) -> Tiles:
     """The tiles for `cpu` (see the module docstring)."""
     lanes = cpu.lanes
-    accumulators = min(cpu.vector_registers - COLUMN_VECTORS - 1, MAX_ACCUMULATORS)
-    register_tile = (accumulators // COLUMN_VECTORS, COLUMN_VECTORS * lanes)
+    rows, vectors = register_tile(cpu.vector_registers)
+    whole = 1 << vectors.bit_length() - 1  # vectors of a tile vectorized whole: a power of two
+    convolution = (rows, whole * lanes)
     dot_accumulators = cpu.vector_registers // 2
     dot = (DOT_COLUMNS, dot_accumulators // DOT_COLUMNS * lanes)
-    return Tiles(lanes=lanes, registers=cpu.vector_registers, l1_bytes=cpu.l1d_kib * 1024, matmul=register_tile,
-                 depthwise=register_tile, vector=OTHER_OPS_VECTORS * lanes,
-                 transpose=lanes, dot=dot, dot_rows=dot_accumulators // DOT_COLUMNS,
+    return Tiles(lanes=lanes, registers=cpu.vector_registers, l1_bytes=cpu.l1d_kib * 1024,
+                 matmul=(rows, vectors * lanes), convolution=convolution, depthwise=convolution,
+                 vector=OTHER_OPS_VECTORS * lanes, transpose=lanes, dot=dot, dot_rows=dot_accumulators // DOT_COLUMNS,
                  direct_filter_bytes=cpu.l2_kib * 1024 // 2, resident_operand_bytes=cpu.l2_kib * 1024 // 2,
                  row_block_bytes=cpu.l2_kib * 1024 // 4, chunk_panel_bytes=cpu.l1d_kib * 1024 // 2,
                  streamed_matrix_bytes=cpu.l2_kib * 1024)
+
+
+def register_tile(registers: int) -> tuple[int, int]:
+    """Rows x vectors of columns of a contraction's register tile on `registers` vector registers:
+    the most accumulators that leave a register per vector of columns and one for a broadcast,
+    at most three quarters of the registers and MAX_ROWS rows; the fewer vectors of equals."""
+    def fit(vectors: int) -> tuple[int, int]:
+        accumulators = min(registers - vectors - 1, registers * 3 // 4)
+        return min(accumulators // vectors, MAX_ROWS), vectors
+
+    return max((fit(v) for v in range(1, MAX_COLUMN_VECTORS + 1)), key=lambda t: (t[0] * t[1], -t[1]))
 
 
 def selected(cpu: Cpu | None = None) -> Tiles:
