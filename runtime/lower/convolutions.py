@@ -2,7 +2,7 @@
 
 - A 1x1 convolution of stride 1 (NHWC) is a matmul: [N*OH*OW, C] x [C, F], the input's pixels
   as rows. As a linalg.matmul whose second operand is the transposed filter, it gets the
-  schedule's packed column panels and 8x32 register tile (`schedule.pack_panels`), like
+  schedule's packed column panels and a matmul's register tile (`schedule.pack_panels`), like
   nn.Linear. A strided one reads a strided slice of the input, copied into a contiguous tensor
   by a linalg.copy (vectorized along the channels; a bare strided slice would be copied by the
   runtime library's element-by-element memrefCopy): ResNet-50's 1024 -> 2048 stride-2

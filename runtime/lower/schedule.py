@@ -13,7 +13,9 @@ register tiles sized to its vector register file, vector widths from its lanes).
   attention's scaling, are split off into ops of their own first, `split_prologues`) get a
   register tile of `Tiles.matmul` rows x columns and a reduction step of 1: the vectorized tile
   is a chain of outer products (one broadcast FMA per row), its accumulator hoisted out of the
-  reduction loop into registers.
+  reduction loop into registers. A tile of three vectors of columns (AVX-512's 8 x 48) is
+  vectorized a vector of columns at a time, each step of k then ordered row by row
+  (`_vectorize`, `rows_first`).
   Column tiles are the outer loop, so a column panel of the second operand stays in cache. A
   named contraction's second operand is packed: a loop over column panels first computes each
   panel (transposing nn.Linear's weight, or copying) into one small contiguous buffer, then
@@ -511,8 +513,9 @@ def _pack_panels(op: ir.Operation, parallel: bool, tiles: Tiles) -> None:
         return
     sizes = tiling[0]
     loops = _loop_sizes(op)
-    if _whole_tiles_and_rest(loops[-2], tiles.matmul[1]):
-        sizes = (*sizes[:-2], tiles.matmul[1], sizes[-1])
+    panel = _panel_columns(loops[-2], tiles)
+    if panel is not None:
+        sizes = (*sizes[:-2], panel, sizes[-1])
     elif loops[-2] is None or len(loops) - 2 in tiling[2]:
         return  # a dynamic or peeled column count: its last panel would be partial
     transposed = _dot_source(op, loops, tiles)
@@ -533,6 +536,21 @@ def _pack_panels(op: ir.Operation, parallel: bool, tiles: Tiles) -> None:
             rest = _column_panels(op, source, sizes[-2], forall)
             if rest is not None:
                 _pack_panels(rest, parallel, tiles)
+
+
+def _panel_columns(columns: Extent, tiles: Tiles) -> int | None:
+    """The columns of a contraction's whole panels where its output columns run as those and,
+    after them, a contraction of the rest (`_whole_tiles_and_rest`): the register tile's, where
+    they leave a rest of whole vectors, at most an eighth of the columns (1024 = 21 x 48 + 16);
+    else the largest power of two of vectors in it, as before the tile of 48 (1000 = 31 x 32 + 8,
+    64 in two tiles of 32: 48 and a rest of 16, its tiles at half the FMAs in flight, ran an
+    encoder layer's attention slower)."""
+    wide, narrow = tiles.matmul[1], tiles.convolution[1]
+    if columns is None or columns % wide == 0:
+        return None  # whole tiles (`_column_divisor`)
+    if columns > wide and columns % wide % tiles.lanes == 0 and 8 * (columns % wide) <= columns:
+        return wide
+    return narrow if _whole_tiles_and_rest(columns, narrow) else None
 
 
 def _whole_tiles_and_rest(columns: Extent, tile: int) -> bool:
@@ -1350,12 +1368,13 @@ def _batch_rows(n: Extent, ow: Extent, rows: int) -> bool:
 def _peel_columns(n: Extent, columns: int) -> bool:
     """Whether a static number of columns `n` is better tiled by a power of two (`columns`, or
     the largest below `n`) with its remainder peeled in the powers of two below that than by a
-    divisor: when it has no power-of-two divisor from 8 up (`_column_divisor`) and is no power of
-    two itself. As attention's scores over 100 keys: in tiles of 25 columns (vector<25xf32>) their
-    16 x 100 x 64 x 100 batch matmul ran 19x slower than eager; and a 1x1 convolution to 61
+    divisor: when it has no power-of-two divisor from 8 up (`_column_divisor`), is no power of
+    two itself and no multiple of the tile (NEON's 12 columns: 3 vectors). As attention's scores
+    over 100 keys: in tiles of 25 columns (vector<25xf32>) their 16 x 100 x 64 x 100 batch
+    matmul ran 19x slower than eager; and a 1x1 convolution to 61
     channels (RexNet's), panels of 32 and the rest, 29, in one tile: LLVM kept its loop-carried
     vector<8x29xf32> accumulators in scalars, 8.8x eager's time."""
-    return n is not None and n % 8 != 0 and n & (n - 1) != 0
+    return n is not None and n % 8 != 0 and n % columns != 0 and n & (n - 1) != 0
 
 
 def _partial(loops: tuple[Extent, ...], sizes: list[int]) -> tuple[int, ...]:
@@ -2011,8 +2030,8 @@ def _lanes_divisor(n: int, target: int, lanes: int) -> int:
 def _column_divisor(n: int, target: int) -> int:
     """The column tile of a contraction or convolution: `target` (the register tile's columns) or
     the largest power of two from 8 below it that divides `n`, else `_divisor`. A tile of 24 or
-    48 columns vectorized whole (MobileNetV2's 24 and 144 channels before the tile was split,
-    `_column_pieces`) is not a whole number of AVX-512 registers of f32 in powers of two, and ran
+    48 columns vectorized whole (MobileNetV2's 24 and 144 channels before a matmul's tile was
+    vectorized in pieces, `_vectorize`) is not a whole number of AVX-512 registers of f32 in powers of two, and ran
     10-13x slower than tiles of 8 or 16 (a 1x1 convolution 96 -> 24 on 56 x 56: 2745 us, 198 us
     in tiles of 8)."""
     powers = (1 << e for e in range(target.bit_length() - 1, 2, -1))

@@ -10,16 +10,19 @@ load and a store per FMA, and LLVM's register allocator time grows with the spil
 most three quarters of the register file; rows at most MAX_ROWS. Of the tiles that fit, the one
 with the most accumulators, the narrower of equals (`register_tile`):
 
-    AVX-512 (32 x 16 lanes): 3 vectors x 8 rows = 24 accumulators (4 x 6 ties): an 8 x 48 tile
-    AVX2    (16 x  8 lanes): 2 vectors x 6 rows = 12 accumulators (3 x 4 ties): a 6 x 16 tile
-    NEON    (32 x  4 lanes): 3 vectors x 8 rows = 24 accumulators:              an 8 x 12 tile
+    AVX-512 (32 x 16 lanes): 3 vectors x 8 rows = 24 accumulators: an 8 x 48 tile
+    AVX2    (16 x  8 lanes): 2 vectors x 6 rows = 12 accumulators: a 6 x 16 tile (4 x 24 ties)
+    NEON    (32 x  4 lanes): 2 vectors x 8 rows = 16 accumulators: an 8 x 8 tile (two vectors
+                             at most, MAX_COLUMN_VECTORS)
 
-MKL's AVX-512 sgemm kernel is 8 x 48, BLIS's Haswell one 6 x 16 and its ARMv8 one 8 x 12. On an
+MKL's AVX-512 sgemm kernel is 8 x 48, BLIS's Haswell one 6 x 16. On an
 Emerald Rapids core (one thread, interleaved) 8 x 48 ran a 1024 x 1024 x 960 matmul at 132 GF/s
 against 123 for the 8 x 32 tile before (eager 134); x86-64-v3 code on the same core, 4 x 24 at
 58 against 66 for 6 x 16. A tile of a number of vectors other than a power of two is vectorized
-one vector of one row at a time (`schedule._column_pieces`): whole, LLVM legalizes its
-loop-carried vector<8x48xf32> element by element.
+one vector of columns at a time and its FMAs ordered row by row (`schedule._vectorize`,
+`schedule.rows_first`): whole, LLVM legalizes its loop-carried vector<8x48xf32> element by
+element. A tile over a loop of a run-time size is peeled in powers of two, vectorized whole: its
+columns are the convolution's.
 
 A direct convolution's tile is vectorized whole (decomposed into 1-D convolutions first): its
 columns are the largest power of two of vectors in the contraction's (`convolution`: 8 x 32,
@@ -77,7 +80,12 @@ from dataclasses import dataclass
 from ..cpu import Cpu, select
 
 MAX_ROWS = 8  # rows of a register tile, at most
-MAX_COLUMN_VECTORS = 4  # vectors of columns of a register tile, at most
+# Vectors of columns a register tile may have, by architecture. x86 broadcasts the first
+# operand's values one at a time (vbroadcastss) and LLVM keeps the order `schedule.rows_first`
+# gives each step of k; AArch64's fmla multiplies by a lane, and LLVM's scheduler loads every
+# row's value first, which then stay live: BLIS's 8 x 12 spilled two registers (its kernel
+# loads them packed, two to a register), so NEON keeps two vectors.
+MAX_COLUMN_VECTORS = {"x86_64": 3, "aarch64": 2}
 DOT_COLUMNS = 4  # output columns of a vector-matrix product's register tile
 DOT_MAX_ROWS = 8  # a product of up to this many rows reads its weight as dot products
 OTHER_OPS_VECTORS = 4  # vectors of the innermost tile of elementwise ops and reductions
@@ -107,7 +115,7 @@ class Tiles:
 def derive(cpu: Cpu) -> Tiles:
     """The tiles for `cpu` (see the module docstring)."""
     lanes = cpu.lanes
-    rows, vectors = register_tile(cpu.vector_registers)
+    rows, vectors = register_tile(cpu.vector_registers, MAX_COLUMN_VECTORS[cpu.arch])
     whole = 1 << vectors.bit_length() - 1  # vectors of a tile vectorized whole: a power of two
     convolution = (rows, whole * lanes)
     dot_accumulators = cpu.vector_registers // 2
@@ -120,15 +128,16 @@ def derive(cpu: Cpu) -> Tiles:
                  streamed_matrix_bytes=cpu.l2_kib * 1024)
 
 
-def register_tile(registers: int) -> tuple[int, int]:
-    """Rows x vectors of columns of a contraction's register tile on `registers` vector registers:
-    the most accumulators that leave a register per vector of columns and one for a broadcast,
-    at most three quarters of the registers and MAX_ROWS rows; the fewer vectors of equals."""
+def register_tile(registers: int, max_vectors: int) -> tuple[int, int]:
+    """Rows x vectors of columns (up to `max_vectors`) of a contraction's register tile on
+    `registers` vector registers: the most accumulators that leave a register per vector of
+    columns and one for a broadcast, at most three quarters of the registers and MAX_ROWS rows;
+    the fewer vectors of equals."""
     def fit(vectors: int) -> tuple[int, int]:
         accumulators = min(registers - vectors - 1, registers * 3 // 4)
         return min(accumulators // vectors, MAX_ROWS), vectors
 
-    return max((fit(v) for v in range(1, MAX_COLUMN_VECTORS + 1)), key=lambda t: (t[0] * t[1], -t[1]))
+    return max((fit(v) for v in range(1, max_vectors + 1)), key=lambda t: (t[0] * t[1], -t[1]))
 
 
 def selected(cpu: Cpu | None = None) -> Tiles:
