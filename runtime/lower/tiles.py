@@ -15,10 +15,10 @@ with the most accumulators, the narrower of equals (`register_tile`):
     NEON    (32 x  4 lanes): 2 vectors x 8 rows = 16 accumulators: an 8 x 8 tile (two vectors
                              at most, MAX_COLUMN_VECTORS)
 
-MKL's AVX-512 sgemm kernel is 8 x 48, BLIS's Haswell one 6 x 16. On an
-Emerald Rapids core (one thread, interleaved) 8 x 48 ran a 1024 x 1024 x 960 matmul at 132 GF/s
-against 123 for the 8 x 32 tile before (eager 134); x86-64-v3 code on the same core, 4 x 24 at
-58 against 66 for 6 x 16. A tile of a number of vectors other than a power of two is vectorized
+MKL's AVX-512 sgemm kernel is 8 x 48, BLIS's Haswell one 6 x 16. On an Emerald Rapids core (one
+thread, interleaved) 8 x 48 ran a 1024 x 1024 x 960 matmul at 146 GF/s against 133 for the 8 x 32
+tile before (eager 159); x86-64-v3 code on the same core, 4 x 24 at 58 against 66 for 6 x 16
+(docs/performance.md). A tile of a number of vectors other than a power of two is vectorized
 one vector of columns at a time and its FMAs ordered row by row (`schedule._vectorize`,
 `schedule.rows_first`): whole, LLVM legalizes its loop-carried vector<8x48xf32> element by
 element. A tile over a loop of a run-time size is peeled in powers of two, vectorized whole: its
