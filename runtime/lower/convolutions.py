@@ -56,6 +56,7 @@ from ..internal import blaming
 from . import tiles, winograd
 from .irutil import (
     collapse,
+    constant_int,
     dims_map,
     expand,
     find_ops,
@@ -433,10 +434,9 @@ def _static_low(op: ir.Operation) -> list[int] | None:
     for amount in ir.DenseI64ArrayAttr(op.attributes["static_low"]):
         if amount == ir.ShapedType.get_dynamic_size():
             value = next(dynamic, None)
-            owner = value.owner if isinstance(value, ir.OpResult) else None
-            if owner is None or owner.name != "arith.constant":
+            amount = None if value is None else constant_int(value)
+            if amount is None:
                 return None
-            amount = ir.IntegerAttr(owner.attributes["value"]).value
         low.append(amount)
     return low
 

@@ -60,6 +60,14 @@ def defined_in(value: ir.Value, op: ir.Operation) -> bool:
     return parent is not None
 
 
+def constant_int(value: ir.Value) -> int | None:
+    """The integer (or index) of an arith.constant `value`, else None."""
+    op = value.owner if isinstance(value, ir.OpResult) else None
+    if op is None or op.name != "arith.constant" or not isinstance(op.attributes["value"], ir.IntegerAttr):
+        return None
+    return ir.IntegerAttr(op.attributes["value"]).value
+
+
 def positive_zero(value: ir.Value) -> bool:
     """A constant +0.0 (a fill of -0.0 would make a sum of -0.0 products -0.0)."""
     op = value.owner if isinstance(value, ir.OpResult) else None

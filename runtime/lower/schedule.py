@@ -99,6 +99,7 @@ from .half import is_half, widen_arithmetic
 from .irutil import (
     clone_into,
     collapse,
+    constant_int,
     copy_body,
     defined_in,
     dims_map,
@@ -2190,9 +2191,10 @@ _PURE_DIALECTS = ("vector", "arith", "affine", "tensor")  # on tensors: no side 
 
 
 def fold_piece_writes(module: ir.Module) -> None:
-    """Write each vector of a register tile vectorized in pieces (`_vectorize`) straight into the
-    tile: `insert_slice(transfer_write(v, slice), tile)` is `transfer_write(v, tile)` where the
-    write covers its slice (`_covering_write`). MLIR's fold of the pair (fold_tensor_subset_ops_
+    """Write each vector that a transfer_write puts into a slice only to insert it straight into the
+    tensor instead, as a register tile vectorized in pieces (`_vectorize`) does:
+    `insert_slice(transfer_write(v, slice), tile)` is `transfer_write(v, tile)` where the write
+    covers its slice (`_covering_write`). MLIR's fold of the pair (fold_tensor_subset_ops_
     into_vector_transfers) wants the vector's shape to be the slice's, and a piece of a tile of
     one row writes a vector<16xf32> into a 1 x 16 slice; left as a pair, bufferization gave
     every piece a buffer of its own and copied it into the tile."""
@@ -2229,7 +2231,7 @@ def _covering_write(insert: ir.Operation) -> ir.Operation | None:
     static = len(list(insert.operands)) == 2 and set(ir.DenseI64ArrayAttr(insert.attributes["static_strides"])) == {1}
     if (not static or rank != _rank(insert.operands[1]) or leading < 0 or shape[leading:] != vector_shape
             or any(d != 1 for d in shape[:leading]) or len(list(write.operands)) != 2 + rank
-            or not all(_constant_zero(i) for i in list(write.operands)[2:])
+            or any(constant_int(i) != 0 for i in list(write.operands)[2:])
             or str(write.attributes["permutation_map"]) != str(minor)
             or not all(ir.BoolAttr(b).value for b in ir.ArrayAttr(write.attributes["in_bounds"]))):
         return None
@@ -2238,11 +2240,6 @@ def _covering_write(insert: ir.Operation) -> ir.Operation | None:
 
 def _rank(value: ir.Value) -> int:
     return ir.ShapedType(value.type).rank
-
-
-def _constant_zero(value: ir.Value) -> bool:
-    owner = producer(value)
-    return owner is not None and owner.name == "arith.constant" and ir.IntegerAttr(owner.attributes["value"]).value == 0
 
 
 def _lowering(tiles: Tiles) -> list[str]:
