@@ -1,7 +1,8 @@
 """AOTAutograd's results kept across processes for torch.compile(backend="torchtosa")
 (torchtosa.capture.aot_cache): a second process takes every graph from PyTorch's AOTAutogradCache
 instead of running AOTAutograd, and computes what eager does, for inference (symbolic sizes too)
-and training; other options, or the disk cache off, keep nothing for it."""
+and training; other options, or the disk cache off, keep nothing for it. With PyTorch's caching
+precompile, Dynamo's work is kept too."""
 
 from __future__ import annotations
 
@@ -69,6 +70,51 @@ def test_a_second_process_takes_aot_autograds_results_from_the_cache(tmp_path: P
     assert run("default")[:2] == (0, 2)
     assert run("parallel")[:2] == (2, 0)  # the options are part of the key
     assert run("none", TORCHTOSA_CACHE="0")[:3] == (0, 0, 0)  # not even looked up
+
+
+PRECOMPILED = '''
+import sys
+import torch
+import torchtosa
+from torch import nn
+from torch._dynamo.utils import counters
+from torchtosa.capture import aot_cache
+
+loaded = []
+post_compile = aot_cache.GraphCode.post_compile
+aot_cache.GraphCode.post_compile = lambda self, *a: loaded.append(1) or post_compile(self, *a)
+torch.manual_seed(int(sys.argv[1]))  # other weights in every process: they are the graph's inputs
+mlp = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4)).eval()
+x = torch.randn(int(sys.argv[2]), 16)
+with torch.no_grad():
+    diff = float((torch.compile(mlp, backend="torchtosa")(x) - mlp(x)).abs().max())
+torch.compiler.save_cache_artifacts()  # what PyTorch asks of a user of caching precompile
+print(counters["stats"]["unique_graphs"], len(loaded), diff)
+'''
+
+
+def test_pytorchs_caching_precompile_skips_dynamo_in_a_second_process(tmp_path: Path,
+                                                                      subprocess_env: dict[str, str]) -> None:
+    """With PyTorch's caching precompile on (TORCH_CACHING_PRECOMPILE=1) and its cache saved, a
+    second process (other weights) neither traces with Dynamo nor runs AOTAutograd: it loads the
+    kept graph (its native code from the disk cache) and agrees with eager; with torchtosa's
+    cache off the kept graph still loads and compiles afresh. (A recompile after such a load
+    fails inside torch 2.13, with Inductor too: aot_cache.py's docstring.)"""
+    (tmp_path / "run.py").write_text(textwrap.dedent(PRECOMPILED))
+    env = dict(subprocess_env, TORCH_CACHING_PRECOMPILE="1", TORCHTOSA_CACHE="1",
+               TORCHTOSA_CACHE_DIR=str(tmp_path / "code"), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "aot"))
+
+    def run(seed: int, rows: int, **changes: str) -> tuple[int, int]:
+        done = subprocess.run([sys.executable, "run.py", str(seed), str(rows)], capture_output=True, text=True,
+                              check=False, cwd=tmp_path, env=dict(env, **changes))
+        assert done.returncode == 0, done.stderr[-3000:]
+        traced, loaded, diff = done.stdout.split()[-3:]
+        assert float(diff) < 1e-5, done.stdout
+        return int(traced), int(loaded)
+
+    assert run(0, 8) == (1, 0)  # traced by Dynamo, compiled
+    assert run(1, 8) == (0, 1)  # Dynamo's bytecode and guards loaded, the graph with them
+    assert run(2, 8, TORCHTOSA_CACHE="0") == (0, 1)
 
 
 def test_a_graph_that_does_not_pickle_runs_uncached() -> None:
