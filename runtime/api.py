@@ -16,7 +16,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import has_free_symbols
 
-from . import debug, progress
+from . import debug, garbage, progress
 from .capture.freeze import fold_constants
 from .capture.freeze import freeze as freeze_graph
 from .capture.symbolic import evaluator, shape_env_of
@@ -258,6 +258,7 @@ def _most_conformant(gm: torch.fx.GraphModule) -> Program:
 _EXTENSIONS = {torch.bfloat16: "bf16", torch.int16: "int16"}
 
 
+@garbage.compile_objects_only()
 def _capture(fn: Any, args: tuple, kwargs: dict, outline: bool = True) -> Captured:
     if isinstance(fn, torch.export.ExportedProgram):
         if args or kwargs:
@@ -269,6 +270,7 @@ def _capture(fn: Any, args: tuple, kwargs: dict, outline: bool = True) -> Captur
     return captured
 
 
+@garbage.compile_objects_only()
 def compile_graph(gm: torch.fx.GraphModule, options: Options, respecialize: bool = False,
                   graph: str = "") -> tuple[Callable[..., Any], Explanation]:
     """A callable running `gm` natively (with eager regions if `options.fallback == "eager"`),

@@ -32,6 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx.experimental.symbolic_shapes import has_free_symbols
 
+from .. import garbage
 from ..errors import InvalidInput, TorchTosaError, Unsupported
 from ..options import Options
 from . import aot_cache, captures, frames, layouts, resizes
@@ -256,7 +257,8 @@ def make_backend(compile_graph: Callable[[Captured, Options], Callable[..., Any]
                                       inputs=inputs)
             return aot_cache.compiler(build) if kept else lambda gm, _args: build(gm)
 
-        with resizes.kept(), aot_cache.tagged(chosen) if kept else contextlib.nullcontext():
+        with (garbage.compile_objects_only(), resizes.kept(),
+              aot_cache.tagged(chosen) if kept else contextlib.nullcontext()):
             return aot_module_simplified(
                 gm,
                 example_inputs,
