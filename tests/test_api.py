@@ -248,9 +248,9 @@ def test_torch_compile_takes_a_transposed_input_as_stored(monkeypatch: pytest.Mo
     received: list[torch.Tensor] = []
     native_call = NativeFunction.__call__
 
-    def recording(self: NativeFunction, *args: torch.Tensor) -> list[torch.Tensor]:
+    def recording(self: NativeFunction, *args: torch.Tensor, known: int = 0) -> list[torch.Tensor]:
         received.extend(args)
-        return native_call(self, *args)
+        return native_call(self, *args, known=known)
 
     monkeypatch.setattr(NativeFunction, "__call__", recording)
 
@@ -491,6 +491,46 @@ def test_same_tensor_twice_is_its_own_signature() -> None:
     torch.testing.assert_close(c(b, b), foo(b, b))
     unused = torchtosa.compile(lambda p, q: p + 1, a, b)  # an input the graph never reads
     torch.testing.assert_close(unused(a, b), a + 1)
+
+
+def test_repeated_calls_skip_the_general_path_and_stay_right(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A signature called again goes straight to its native code (`_FastCall`): no `prepare`.
+    Calls it can't serve as it was compiled take the general path and are right: another
+    layout of the same sizes, a tensor passed twice, an input that requires grad; a module's
+    parameters are read at every call, so their new values count."""
+    prepared = []
+    prepare = torchtosa.CompiledFunction.prepare
+    monkeypatch.setattr(torchtosa.CompiledFunction, "prepare",
+                        lambda self, *a, **k: prepared.append(1) or prepare(self, *a, **k))
+
+    def affine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a @ b + a.sum()
+
+    a, b = torch.randn(6, 6), torch.randn(6, 6)
+    compiled = torchtosa.compile(affine)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(a, b), affine(a, b))
+    assert len(prepared) == 1 and len(compiled._fast) == 1
+    torch.testing.assert_close(compiled(a, b.t()), affine(a, b.t()))  # strides differ
+    torch.testing.assert_close(compiled(a, a), affine(a, a))  # the same tensor twice
+    assert len(prepared) == 3
+    x = a.clone().requires_grad_()
+    out = compiled(x, b)  # with autograd: as torch.compile
+    assert out.requires_grad
+    out.sum().backward()
+    ref = a.clone().requires_grad_()
+    affine(ref, b).sum().backward()
+    torch.testing.assert_close(x.grad, ref.grad)
+
+    model = torch.nn.Linear(6, 3).eval()
+    module = torchtosa.compile(model)
+    with torch.no_grad():
+        module(a)
+        model.weight.mul_(-2.0)
+        torch.testing.assert_close(module(a), model(a))
+        model.weight.data = torch.randn(4, 6)  # sizes the native code was not compiled for
+        with pytest.raises(torchtosa.InputMismatch):
+            module(a)
 
 
 @pytest.mark.parametrize("dynamic", [None, True])

@@ -274,9 +274,9 @@ def check_torch_compile(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
     native_call = NativeFunction.__call__
 
-    def counting(self: NativeFunction, *args: torch.Tensor) -> list[torch.Tensor]:
+    def counting(self: NativeFunction, *args: torch.Tensor, known: int = 0) -> list[torch.Tensor]:
         calls.append(self)
-        return native_call(self, *args)
+        return native_call(self, *args, known=known)
 
     monkeypatch.setattr(NativeFunction, "__call__", counting)
     torch._dynamo.reset()

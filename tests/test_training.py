@@ -224,9 +224,9 @@ def test_twenty_steps_match_eager(name: str, monkeypatch: pytest.MonkeyPatch) ->
     calls: list[str] = []
     native_call = NativeFunction.__call__
 
-    def counting(self: NativeFunction, *args: torch.Tensor) -> list[torch.Tensor]:
+    def counting(self: NativeFunction, *args: torch.Tensor, known: int = 0) -> list[torch.Tensor]:
         calls.append("native")
-        return native_call(self, *args)
+        return native_call(self, *args, known=known)
 
     monkeypatch.setattr(NativeFunction, "__call__", counting)
     torch._dynamo.reset()
@@ -270,8 +270,8 @@ def test_saved_views_of_weights_are_not_copied(monkeypatch: pytest.MonkeyPatch) 
     calls: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
     native_call = NativeFunction.__call__
 
-    def recording(self: NativeFunction, *args: torch.Tensor) -> list[torch.Tensor]:
-        outputs = native_call(self, *args)
+    def recording(self: NativeFunction, *args: torch.Tensor, known: int = 0) -> list[torch.Tensor]:
+        outputs = native_call(self, *args, known=known)
         calls.append((list(args), list(outputs)))
         return outputs
 

@@ -173,14 +173,16 @@ class NativeFunction:
             self._checks = [(torch.Size(s.shape), s.dtype) for s in self.inputs]
             self._results = [(s.shape, s.dtype) for s in self.outputs]
 
-    def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
-        """Run on `args`, all checked before native code runs; return new output tensors."""
+    def __call__(self, *args: torch.Tensor, known: int = 0) -> list[torch.Tensor]:
+        """Run on `args`, checked before native code runs but for the last `known`, which the
+        caller knows to match (it keyed them by shape, dtype, device and layout); return new
+        output tensors."""
         if self.dynamic:
             return self._call_dynamic(args)
         if len(args) != len(self._checks):
             raise InputMismatch(f"@{self.name} takes {len(self._checks)} tensors, got {len(args)}")
-        tensors = []
-        for t, (shape, dtype) in zip(args, self._checks, strict=True):
+        for i in range(len(args) - known):
+            t, (shape, dtype) = args[i], self._checks[i]
             if not (
                 isinstance(t, torch.Tensor)
                 and t.shape == shape
@@ -188,9 +190,8 @@ class NativeFunction:
                 and t.is_cpu
                 and t.layout is torch.strided
             ):
-                i = len(tensors)
                 raise InputMismatch(_mismatch(i, t, self.inputs[i]))
-            tensors.append(t if t.is_contiguous() else t.contiguous())
+        tensors = [t if t.is_contiguous() else t.contiguous() for t in args]
         results = [torch.empty(shape, dtype=dtype) for shape, dtype in self._results]
         return self._call(args, tensors, results, with_sizes=False)
 
