@@ -992,11 +992,9 @@ def k_chunk(m: int, n: int, k: int, tn: int, tiles: Tiles) -> int | None:
     fits its quarter (it stays there while the chunks add to it): the largest divisor of k, at least
     MIN_K_CHUNK, whose rows of a column panel fit `Tiles.chunk_panel_bytes` (they stay in L1 while
     the row tiles pass) and whose rows of the whole operand fit the L2's quarter too, if a panel of
-    all of k doesn't. Whole vectors of columns beyond the whole panels (512 = 10 x 48 + 32) are a
-    product of their own in each chunk (`_k_chunks`): 64 x 2048 x 512, one thread, Emerald Rapids,
-    115 -> 126 GF/s (eager 158); a rest of part of a vector (520 = 16 x 32 + 8) was slower chunked."""
-    if n < tn or n % tn % tiles.lanes or 4 * k * tn <= tiles.chunk_panel_bytes \
-            or 4 * k * n <= tiles.resident_operand_bytes or 4 * m * n > tiles.row_block_bytes:
+    all of k doesn't."""
+    if n % tn or 4 * k * tn <= tiles.chunk_panel_bytes or 4 * k * n <= tiles.resident_operand_bytes \
+            or 4 * m * n > tiles.row_block_bytes:
         return None
     return max((c for c in range(MIN_K_CHUNK, k) if k % c == 0 and 4 * c * tn <= tiles.chunk_panel_bytes
                 and 4 * c * n <= tiles.row_block_bytes), default=None)
@@ -1005,32 +1003,20 @@ def k_chunk(m: int, n: int, k: int, tn: int, tiles: Tiles) -> int | None:
 def _k_chunks(op: ir.Operation, tn: int, chunk: int) -> None:
     """Replace matmul `op` by a loop over chunks of `chunk` rows of k, each adding the product of
     its columns of the first operand and its rows of the second, packed whole into panels of
-    `tn` columns from rows read contiguously (`_row_blocks` with one block of rows), to the output;
-    the columns beyond the whole panels, if any, are a product of their own in the chunk, tiled as
-    any (its rows of the operand are few: a chunk's)."""
+    `tn` columns from rows read contiguously (`_row_blocks` with one block of rows), to the output."""
     lhs, rhs, init = list(op.operands)[:3]
     m, k = _shape(lhs)
     n = _shape(rhs)[-1]
-    whole = n // tn * tn
     index = ir.IndexType.get()
     with ir.InsertionPoint(op), op.location:
         bounds = [arith.ConstantOp(index, v).result for v in (0, k, chunk)]
         loop = scf.ForOp(*bounds, iter_args=[init])
         loop.operation.attributes[ACCUMULATES] = ir.UnitAttr.get()
         with ir.InsertionPoint(loop.body):
-            at, acc = loop.induction_variable, loop.inner_iter_args[0]
-            rows = _extract(lhs, [0, at], [m, chunk])
-            if whole == n:
-                part = linalg.matmul(rows, _extract(rhs, [at, 0], [chunk, n]), outs=[acc])
-                result = part
-            else:
-                part = linalg.matmul(rows, _extract(rhs, [at, 0], [chunk, whole]),
-                                     outs=[_extract(acc, [0, 0], [m, whole])])
-                rest = linalg.matmul(rows, _extract(rhs, [at, whole], [chunk, n - whole]),
-                                     outs=[_extract(acc, [0, whole], [m, n - whole])])
-                result = _insert(tensor.InsertSliceOp, part, acc, [0, 0], [m, whole]).result
-                result = _insert(tensor.InsertSliceOp, rest, result, [0, whole], [m, n - whole]).result
-            scf.YieldOp([result])
+            at = loop.induction_variable
+            part = linalg.matmul(_extract(lhs, [0, at], [m, chunk]), _extract(rhs, [at, 0], [chunk, n]),
+                                 outs=[loop.inner_iter_args[0]])
+            scf.YieldOp([part])
     op.results[0].replace_all_uses_with(loop.results[0])
     op.erase()
     _row_blocks(part.owner, part.owner, tn, m)
