@@ -13,6 +13,7 @@ tensor in one pass (in the network, fused with the previous epilogue), so both s
 elementwise pass over the input. Times are summed per kind, weighted by how often each shape occurs.
 
     PYTHONPATH=.pkg python scripts/layer_profile.py --batch 1 [--repeats 11] [--kinds depthwise]
+        [--model resnet50]
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
-from bench import Backend, build_mobilenet_v2, prepare, time_interleaved
+from bench import Backend, build_mobilenet_v2, build_resnet50, prepare, time_interleaved
 from torch import nn
 
 import torchtosa
@@ -119,15 +120,19 @@ def time_layer(layer: nn.Module, shape: tuple[int, ...], repeats: int) -> dict[s
     return {b.name: b.median for b in backends}
 
 
+MODELS = {"mobilenet_v2": build_mobilenet_v2, "resnet50": build_resnet50}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=11)
     parser.add_argument("--kinds", default="", help="only kinds containing this text")
+    parser.add_argument("--model", choices=sorted(MODELS), default="mobilenet_v2")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model, inputs = build_mobilenet_v2(args.batch)
+    model, inputs = MODELS[args.model](args.batch)
     model.eval()
     distinct: dict[tuple[str, str, tuple[int, ...]], tuple[nn.Module, int]] = {}
     for kind, layer, shape in layers(model, inputs):

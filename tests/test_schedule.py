@@ -380,16 +380,19 @@ def test_linear_weight_is_transposed_panel_by_panel() -> None:
         torch.testing.assert_close(torchtosa.compile(linear, x)(x), linear(x), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["linear", "mm", "bmm"])
-def test_rows_beyond_the_l2_pass_in_blocks_over_a_resident_packed_operand(kind: str) -> None:
+@pytest.mark.parametrize("kind,rest", [("linear", False), ("mm", False), ("bmm", False), ("linear", True),
+                                       ("mm", True)])
+def test_rows_beyond_the_l2_pass_in_blocks_over_a_resident_packed_operand(kind: str, rest: bool) -> None:
     """A contraction whose first operand exceeds half of the L2 and whose second, packed, fits
     in it (`Tiles.resident_operand_bytes`) packs the second whole, once per batch element
     (nn.Linear's weight transposed into its panels), then walks the rows in blocks of
     `Tiles.row_block_bytes`, each block passing over every panel: a [n/tn, k, tn] buffer, never
-    the whole transposed weight."""
+    the whole transposed weight. A vector of columns beyond the whole panels (`rest`: a ResNet
+    1x1 convolution's 256 = 5 x 48 + 16) is packed too, and each block passes over it last."""
     t = derive(select())
     k, columns = 128, t.matmul[1]
-    n, m = 4 * columns, 2 * t.resident_operand_bytes // (4 * k)
+    n, m = 4 * columns + (t.lanes if rest else 0), 2 * t.resident_operand_bytes // (4 * k)
+    assert schedule._panel_columns(n, t) in (None, columns)
     assert 4 * k * n <= t.resident_operand_bytes < 4 * m * k
     if kind == "linear":
         fn, args = nn.Linear(k, n, bias=False).eval(), (torch.randn(m, k),)
@@ -399,6 +402,7 @@ def test_rows_beyond_the_l2_pass_in_blocks_over_a_resident_packed_operand(kind: 
         fn, args = torch.bmm, (torch.randn(2, m, k), torch.randn(2, k, n))
     shapes = _allocated(_linalg(fn, *args, stop_before="llvm"))
     assert f"memref<{n // columns}x{k}x{columns}xf32>" in shapes
+    assert not rest or f"memref<{k}x{t.lanes}xf32>" in shapes  # the rest, packed once
     assert kind != "linear" or f"memref<{k}x{n}xf32>" not in shapes  # the whole transposed weight
     with torch.no_grad():  # sums of 128 products of unit normals (about 11), in another order than eager's
         got = torchtosa.compile(fn, *args, fallback="error")(*args)
