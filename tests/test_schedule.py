@@ -1124,6 +1124,26 @@ def test_contractions_start_from_zero_in_registers(m: int, k: int, n: int) -> No
                                rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("pool", [nn.MaxPool2d(3, 2, 1), nn.AvgPool2d(3, 2, 1), nn.MaxPool2d(2)])
+def test_poolings_are_tiled_and_vectorized_as_depthwise_convolutions(pool: nn.Module) -> None:
+    """A pooling is tiled as a depthwise convolution (output columns x channels, one window row
+    and tap at a time, decomposed to 1-D and vectorized), not left to plain loops over its window
+    (a ResNet's 3 x 3 max pooling of 8 x 64 x 112 x 112 at twice eager's NHWC time); a max
+    pooling pads with -inf itself, with no mask pooled alongside for windows of -inf only."""
+    x = torch.randn(2, 112, 112, 64)  # channels last, as between a network's convolutions
+
+    def channels_last(y: torch.Tensor) -> torch.Tensor:
+        return pool(y.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+
+    planned = [name for name, _ in _planned(_linalg(channels_last, x, stop_before="schedule"))]
+    assert any(name.startswith("linalg.pooling_nhwc") for name in planned)
+    lowered = _linalg(channels_last, x, stop_before="llvm")
+    assert not [name for name in _ops(lowered) if name.startswith("linalg.pooling")]  # tiled and vectorized
+    assert "xi8>" not in str(lowered)  # no mask
+    x[0, 0, :3, :] = float("-inf")  # windows of -inf and padding
+    torch.testing.assert_close(torchtosa.compile(channels_last, x)(x), channels_last(x), rtol=1e-6, atol=1e-6)
+
+
 def test_depthwise_convolutions_start_from_zero_in_registers() -> None:
     """A depthwise convolution's zero fill is gone too: each register tile of output pixels keeps
     its sums in registers over every filter tap, so nothing writes zeros into its output first

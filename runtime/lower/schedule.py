@@ -44,7 +44,8 @@ register tiles sized to its vector register file, vector widths from its lanes).
   1x1 convolutions are matmuls by now, and depthwise ones of multiplier 1 have lost the
   multiplier (`convolutions.rewrite_convolutions`); padded inputs are written in place
   (`convolutions.pads_in_place`). Depthwise convolutions get a tile of `Tiles.depthwise` (output
-  columns x channels), decomposed and vectorized along the channels like the dense ones.
+  columns x channels), decomposed and vectorized along the channels like the dense ones, and so
+  do static f32 poolings (max, min, sum: the same loops, a window instead of a filter).
 - Everything else that is vectorizable (elementwise and reduction generics, fill, transpose)
   gets a tile of 1 on every loop but the innermost, which gets up to `Tiles.vector`; an op that
   strides through an operand along that loop (a transpose) gets square `Tiles.transpose` tiles,
@@ -65,8 +66,9 @@ register tiles sized to its vector register file, vector widths from its lanes).
   SPLIT_MIN_MACS multiply-adds, other ops from SPLIT_MIN_ELEMENTS loop iterations) is first
   tiled into one chunk per OpenMP thread (`threads`) along its outermost parallel loop that
   divides into equal chunks of whole tiles (`thread_split`): an scf.forall, tiled and vectorized
-  inside exactly as the whole op would be. Poolings and depthwise convolutions, which stay plain
-  loops, are split along their outermost output dimension (`_window_split`). Each split op is
+  inside exactly as the whole op would be. Poolings and depthwise convolutions that stay plain
+  loops (sizes known at run time only, bf16) are split along their outermost output dimension
+  (`_window_split`). Each split op is
   one OpenMP region (a fork and a join, a few microseconds with libiomp5's spinning workers),
   so smaller ops stay on the calling thread.
 
@@ -122,7 +124,9 @@ from .zero_init import ACCUMULATES, drop_zero_fills, zero_accumulators
 
 _CONTRACTIONS = {"linalg.batch_matmul": 1, "linalg.matmul": 0}  # op -> number of batch loops
 _DENSE = (_CONV, _CONV_HWCF)  # 2-D convolutions: loops (n, oh, ow, f, kh, kw, c)
-_DECOMPOSED = (*_DENSE, _DEPTHWISE)  # tiled by one output row and filter tap, then decomposed to 1-D
+# loops (n, oh, ow, c, kh, kw), as a depthwise convolution's
+_POOLS = ("linalg.pooling_nhwc_max", "linalg.pooling_nhwc_min", "linalg.pooling_nhwc_sum")
+_DECOMPOSED = (*_DENSE, _DEPTHWISE, *_POOLS)  # tiled by one output row and filter tap, then decomposed to 1-D
 # not tiled (unless `plan` tiles them), but split across threads: loops (output dims..., kh, kw)
 _WINDOWED = ("linalg.pooling_nhwc_max", "linalg.pooling_nhwc_min", "linalg.pooling_nhwc_sum",
              "linalg.depthwise_conv_2d_nhwc_hwc", "linalg.depthwise_conv_2d_nhwc_hwcm")
@@ -1294,7 +1298,7 @@ def _plan(op: ir.Operation, tiles: Tiles | None = None) -> Tiling | None:
         if _peel_rows(ow, rows):  # rows of the output width: the remainder peeled, as a matmul's
             return (1, 1, rows, *sizes[3:]), tuple(order), (2, *ragged), (2, *ragged)
         return sizes, tuple(order), ragged, ragged
-    if op.name == _DEPTHWISE:  # loops (n, oh, ow, c, kh, kw), static
+    if op.name == _DEPTHWISE or op.name in _POOLS:  # loops (n, oh, ow, c, kh, kw), static
         _, _, ow, c, _, _ = loops
         sizes = (1, 1, _divisor(ow, t.depthwise[0]), _lanes_divisor(c, t.depthwise[1], t.lanes), 1, 1)
         if sizes[3] & (sizes[3] - 1):  # 300 channels by 30: loop-carried vector<8x30xf32> sums in scalars
@@ -1983,8 +1987,8 @@ def _loop_sizes(op: ir.Operation) -> tuple[Extent, ...] | None:
             return None
         kh, kw, c = w[1:] if op.name == _CONV else w[:3]  # FHWC or HWCF
         return (n, oh, ow, f, kh, kw, c)
-    if op.name == _DEPTHWISE:
-        kh, kw, _ = _shape(op.operands[1])
+    if op.name == _DEPTHWISE or op.name in _POOLS:
+        kh, kw = _shape(op.operands[1])[:2]
         n, oh, ow, c = _shape(op.results[0])
         if None in (n, oh, ow, c, kh, kw):
             return None  # rewrite_convolutions makes static ones only
@@ -2188,7 +2192,7 @@ def _vectorize(target: str, op: ir.Operation, sizes: tuple[int, ...], lanes: int
     element by element (2 GF/s). `rows_first` then orders each step of k as MKL's kernel does.
     """
     any_op = "!transform.any_op"
-    mn = _matmul_loops(op) if op.name not in (*_DENSE, _DEPTHWISE) else None
+    mn = _matmul_loops(op) if op.name not in _DECOMPOSED else None
     vectors = sizes[mn[1]] // lanes if mn is not None and sizes[mn[1]] % lanes == 0 else 1
     if vectors & (vectors - 1) == 0:
         return [f"  transform.structured.vectorize {target} : {any_op}"]
